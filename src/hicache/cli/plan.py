@@ -1,0 +1,249 @@
+"""`hicache plan`: the host group plan of one rank of a model, as a table or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from hicache.bootstrap import load_model_spec, storage_settings
+from hicache.domain import (
+    BudgetSizing,
+    ConfigError,
+    DType,
+    HostGroupPlan,
+    Layout,
+    Pinning,
+    PlanSettings,
+    PoolName,
+    RatioSizing,
+    check_host_memory,
+    parse_size,
+    plan_stack,
+)
+from hicache.domain.sizing import DEFAULT_RESERVE_BYTES
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="plan the host pools of one rank of a model",
+        description="Plan the host (L2) pools of one tensor/pipeline-parallel rank of a model.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="path to a HuggingFace config.json (or its folder), or a bundled name",
+    )
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--pp-size", type=int, default=1, help="pipeline-parallel size (default 1)")
+    p.add_argument("--pp-rank", type=int, default=0, help="pipeline stage to plan (default 0)")
+    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
+    p.add_argument(
+        "--layout",
+        default="page_first",
+        help="host layout: layer_first, page_first, page_first_direct, page_head",
+    )
+    p.add_argument(
+        "--pool-layout",
+        action="append",
+        default=[],
+        metavar="POOL=LAYOUT",
+        help="layout for one pool, e.g. mamba=page_first (repeatable)",
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument(
+        "--host-ratio",
+        type=float,
+        default=None,
+        help="host capacity = device capacity x ratio (default 2.0)",
+    )
+    size.add_argument(
+        "--host-size", default=None, help="host byte budget per rank for all pools, e.g. 64GiB"
+    )
+    p.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        metavar="POOL=UNITS",
+        help="fixed host capacity of one pool in tokens or slots (repeatable)",
+    )
+    p.add_argument(
+        "--device-tokens",
+        type=int,
+        default=65536,
+        help="anchor capacity on the device in tokens (default 65536)",
+    )
+    p.add_argument(
+        "--device-slots", type=int, default=256, help="state slots on the device (default 256)"
+    )
+    p.add_argument(
+        "--swa-tokens",
+        type=int,
+        default=None,
+        help="sliding-window pool tokens on the device (default: --device-tokens)",
+    )
+    p.add_argument("--storage-backend", default=None, help="storage backend, e.g. shm, dynamic")
+    p.add_argument(
+        "--storage-extra-config",
+        default=None,
+        help="backend extra config: JSON, or @file.json/.toml/.yaml",
+    )
+    p.add_argument("--kv-dtype", default=None, help="KV dtype (default: the model's dtype)")
+    p.add_argument("--ssm-dtype", default="fp32", help="recurrent temporal state dtype (fp32)")
+    pin = p.add_mutually_exclusive_group()
+    pin.add_argument(
+        "--pinned",
+        dest="pinned",
+        action="store_const",
+        const=Pinning.ON,
+        help="page-lock host memory (needs a GPU)",
+    )
+    pin.add_argument(
+        "--no-pinned",
+        dest="pinned",
+        action="store_const",
+        const=Pinning.OFF,
+        help="never page-lock host memory",
+    )
+    p.set_defaults(pinned=Pinning.AUTO)
+    p.add_argument(
+        "--host-available",
+        default=None,
+        help="check the plan against this much host memory, e.g. 512GiB",
+    )
+    p.add_argument(
+        "--reserve", default=None, help="host memory kept free by the check (default 10GiB)"
+    )
+    p.add_argument(
+        "--ranks-per-host",
+        type=int,
+        default=1,
+        help="ranks that share the host in the check (default 1)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.set_defaults(handler=run)
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"{flag} expects POOL=VALUE, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _units(text: str, pool: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(
+            f"--capacity {pool}= expects a whole number of units, got {text!r}"
+        ) from None
+
+
+def settings_from_args(args: argparse.Namespace) -> PlanSettings:
+    sizing: RatioSizing | BudgetSizing
+    if args.host_size is not None:
+        sizing = BudgetSizing(parse_size(args.host_size))
+    else:
+        sizing = RatioSizing(2.0 if args.host_ratio is None else args.host_ratio)
+    capacities = {
+        PoolName.parse(k): _units(v, k) for k, v in _pairs(args.capacity, "--capacity").items()
+    }
+    return PlanSettings(
+        tp_size=args.tp,
+        pp_size=args.pp_size,
+        pp_rank=args.pp_rank,
+        page_size=args.page_size,
+        layout=Layout.parse(args.layout),
+        pool_layouts={
+            PoolName.parse(k): Layout.parse(v)
+            for k, v in _pairs(args.pool_layout, "--pool-layout").items()
+        },
+        sizing=sizing,
+        capacity_overrides=capacities,
+        device_tokens=args.device_tokens,
+        device_slots=args.device_slots,
+        swa_tokens=args.swa_tokens,
+        storage=storage_settings(args.storage_backend, args.storage_extra_config),
+        kv_dtype=DType.parse(args.kv_dtype) if args.kv_dtype else None,
+        ssm_dtype=DType.parse(args.ssm_dtype),
+        pinned=args.pinned,
+    )
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def render_table(plan: HostGroupPlan) -> str:
+    doc = plan.as_json()
+    head = (
+        f"{doc['model_type']}  archetype={doc['archetype']}  tp={doc['tp_size']}  "
+        f"stage={doc['stage']}  transfer layers={doc['transfer_layers']}  "
+        f"host memory={plan.host_memory}"
+    )
+    cols = (
+        "pool",
+        "role",
+        "kind",
+        "layers",
+        "unit",
+        "B/unit/layer",
+        "page",
+        "capacity",
+        "bytes",
+        "layout",
+    )
+    rows = [cols] + [
+        (
+            p["name"],
+            p["role"],
+            p["kind"],
+            str(p["layers"]),
+            p["unit"],
+            str(p["bytes_per_unit_per_layer"]),
+            str(p["page_size"]),
+            str(p["capacity"]),
+            _human_bytes(p["bytes"]),
+            p["layout"],
+        )
+        for p in doc["pools"]
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    lines = [head, ""]
+    lines.extend(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+    lines.append("")
+    lines.append(
+        f"total host bytes: {doc['host_bytes_total']} ({_human_bytes(doc['host_bytes_total'])})"
+    )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_model_spec(args.model)
+    plan = plan_stack(spec, settings_from_args(args))
+    if args.host_available is not None:
+        reserve = parse_size(args.reserve) if args.reserve is not None else DEFAULT_RESERVE_BYTES
+        check_host_memory(
+            plan.nbytes,
+            parse_size(args.host_available),
+            reserve_bytes=reserve,
+            ranks_on_host=args.ranks_per_host,
+        )
+    if args.json:
+        sys.stdout.write(json.dumps(plan.as_json(), indent=2) + "\n")
+    else:
+        sys.stdout.write(render_table(plan) + "\n")
+    return 0

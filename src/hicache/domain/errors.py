@@ -1,0 +1,91 @@
+"""Typed errors of hicache. Every error that hicache raises on purpose derives from HiCacheError.
+
+- HiCacheError: the root; catch it to catch everything hicache reports.
+- ConfigError: a setting, an extra config or a config file is malformed or names an unknown value.
+- UnsupportedModelError: a model type or model configuration hicache cannot plan.
+- LayoutError: a host layout that cannot be used with a pool kind or a storage backend.
+- BindingError: a layer binding that is not injective or out of range.
+- GroupError: a host group that breaks an invariant (anchors, names, page sizes).
+- AllocatorMismatchError: pools of one group come from different host memory kinds.
+- SizingError: a capacity, budget or memory check that cannot be satisfied.
+- HostMemoryError / PinnedMemoryError: host memory could not be mapped, attached or pinned.
+- SlotError / DoubleFreeError / ForeignIndexError / OutOfSlotsError: slot bookkeeping misuse.
+- DeviceError: a device pool that cannot be allocated or does not match its plan.
+- TransferError: a copy between tiers failed; it carries the context of the failed operation.
+- StoreError: a storage tier failed.
+- EngineClosedError: an operation on an engine that was closed.
+"""
+
+from __future__ import annotations
+
+
+class HiCacheError(Exception):
+    """Root of every error hicache raises on purpose."""
+
+
+class ConfigError(HiCacheError, ValueError):
+    """A setting or a config source is malformed or names an unknown value."""
+
+
+class UnsupportedModelError(ConfigError):
+    """The model type or the model's configuration cannot be planned."""
+
+
+class LayoutError(ConfigError):
+    """A host layout cannot be used with a pool kind or a storage backend."""
+
+
+class BindingError(ConfigError):
+    """A layer binding is not injective or refers to layers out of range."""
+
+
+class GroupError(ConfigError):
+    """A host group breaks one of its invariants."""
+
+
+class AllocatorMismatchError(GroupError):
+    """The pools offered for one host group come from different host memory kinds."""
+
+
+class SizingError(ConfigError):
+    """A capacity, a byte budget or a memory check cannot be satisfied."""
+
+
+class HostMemoryError(HiCacheError, OSError):
+    """Host memory could not be mapped, attached, registered or released."""
+
+
+class PinnedMemoryError(HostMemoryError):
+    """Page-locking (cudaHostRegister / hipHostRegister) was asked for and failed or is impossible."""
+
+
+class SlotError(HiCacheError):
+    """Slot bookkeeping was misused."""
+
+
+class DoubleFreeError(SlotError):
+    """A slot was freed that is already free."""
+
+
+class ForeignIndexError(SlotError):
+    """An index does not belong to the pool it was handed to."""
+
+
+class OutOfSlotsError(SlotError):
+    """Not enough free pages or slots to satisfy an allocation."""
+
+
+class DeviceError(HiCacheError):
+    """A device pool cannot be allocated or does not match its plan."""
+
+
+class TransferError(HiCacheError):
+    """A copy between device and host (or host and store) failed."""
+
+
+class StoreError(HiCacheError):
+    """A storage tier operation failed."""
+
+
+class EngineClosedError(HiCacheError):
+    """The engine was closed before or during the operation."""

@@ -1,0 +1,178 @@
+"""Host memory kinds and their ONE resolution point.
+
+- MemoryKind: anonymous, shm, or memory owned by a store ("store:mooncake").
+- Pinning: whether host buffers are page-locked: on, off, or auto (on only where a GPU exists).
+- HostMemory: a resolved kind plus its pinning; what a host group holds exactly once.
+- StorageSettings: the storage backend name and its extra config (already parsed into a mapping).
+- parse_extra_config: a JSON string or a mapping into a mapping (files are read by the caller).
+- resolve_host_memory: the only function that turns storage settings into a HostMemory.
+
+Resolution rules: no backend -> anonymous; "shm" -> shm; "dynamic" -> the extra config's
+"allocator"; a store that owns host memory -> that store's memory; any other known backend ->
+anonymous. An unknown backend or allocator name is a ConfigError that names it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from hicache.domain.errors import ConfigError
+
+ANONYMOUS = "anonymous"
+SHM = "shm"
+STORE_PREFIX = "store:"
+
+# Stores that hand hicache host memory they own (registered for zero-copy transfers).
+MEMORY_OWNING_STORES = frozenset({"mooncake"})
+# Backends that keep pages in their own tier and take host memory from hicache.
+PLAIN_BACKENDS = frozenset({"file", "hf3fs", "nixl", "aibrix", "eic", "lmcache"})
+KNOWN_BACKENDS = frozenset({SHM, "dynamic"}) | MEMORY_OWNING_STORES | PLAIN_BACKENDS
+KNOWN_ALLOCATORS = frozenset({ANONYMOUS, SHM}) | {STORE_PREFIX + s for s in MEMORY_OWNING_STORES}
+
+
+def _check_kind(_inst: object, _attr: object, value: str) -> None:
+    if value in (ANONYMOUS, SHM):
+        return
+    if value.startswith(STORE_PREFIX) and value[len(STORE_PREFIX) :] in MEMORY_OWNING_STORES:
+        return
+    raise ConfigError(
+        f"unknown host memory kind {value!r}: expected one of {', '.join(sorted(KNOWN_ALLOCATORS))}"
+    )
+
+
+@attrs.frozen
+class MemoryKind:
+    """Where host buffers come from: "anonymous", "shm" or "store:<name>"."""
+
+    name: str = attrs.field(validator=_check_kind)
+
+    @property
+    def store(self) -> str | None:
+        """The owning store's name for a store-owned kind, else None."""
+        return self.name[len(STORE_PREFIX) :] if self.name.startswith(STORE_PREFIX) else None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Pinning(enum.Enum):
+    ON = "on"
+    OFF = "off"
+    AUTO = "auto"
+
+    @classmethod
+    def parse(cls, value: bool | str | Pinning | None) -> Pinning:
+        if isinstance(value, Pinning):
+            return value
+        if value is None:
+            return cls.AUTO
+        if isinstance(value, bool):
+            return cls.ON if value else cls.OFF
+        text = str(value).strip().lower()
+        aliases = {"on": cls.ON, "true": cls.ON, "off": cls.OFF, "false": cls.OFF, "auto": cls.AUTO}
+        if text not in aliases:
+            raise ConfigError(f"unknown pinning {value!r}: expected on, off or auto")
+        return aliases[text]
+
+    def as_json(self) -> bool | str:
+        if self is Pinning.AUTO:
+            return "auto"
+        return self is Pinning.ON
+
+
+@attrs.frozen
+class HostMemory:
+    """A resolved host memory kind and its pinning. A host group holds exactly one."""
+
+    kind: MemoryKind
+    pinned: Pinning = Pinning.AUTO
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.name, "pinned": self.pinned.as_json()}
+
+    def __str__(self) -> str:
+        return f"{self.kind.name}(pinned={self.pinned.value})"
+
+
+def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """A JSON object string or a mapping into a dict. ``"@path"`` must be read by the caller."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    text = value.strip()
+    if not text:
+        return {}
+    if text.startswith("@"):
+        raise ConfigError(
+            f"extra config {value!r} names a file; read it with hicache.bootstrap.load_extra_config"
+        )
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"extra config is not valid JSON ({e.msg} at {e.pos}): {value!r}"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(
+            f"extra config must be a JSON object, got {type(parsed).__name__}: {value!r}"
+        )
+    return parsed
+
+
+@attrs.frozen
+class StorageSettings:
+    """The storage (L3) backend and its extra config, as a serving framework passes them."""
+
+    backend: str | None = attrs.field(default=None)
+    extra_config: Mapping[str, Any] = attrs.field(factory=dict, converter=parse_extra_config)
+
+    def __attrs_post_init__(self) -> None:
+        if self.backend is not None and self.backend not in KNOWN_BACKENDS:
+            raise ConfigError(
+                f"unknown storage backend {self.backend!r}: expected one of "
+                f"{', '.join(sorted(KNOWN_BACKENDS))} or none"
+            )
+
+
+def _allocator_kind(name: object) -> MemoryKind:
+    if not isinstance(name, str):
+        raise ConfigError(f"extra config 'allocator' must be a string, got {name!r}")
+    candidate = name.strip().lower()
+    if candidate in MEMORY_OWNING_STORES:
+        candidate = STORE_PREFIX + candidate
+    if candidate not in KNOWN_ALLOCATORS:
+        raise ConfigError(
+            f"unknown allocator {name!r} in the storage extra config: expected one of "
+            f"{', '.join(sorted(KNOWN_ALLOCATORS))}"
+        )
+    return MemoryKind(candidate)
+
+
+def resolve_host_memory(
+    storage: StorageSettings, pinned: bool | str | Pinning | None = None
+) -> HostMemory:
+    """THE resolution point: storage settings -> the one host memory kind of a whole group."""
+    backend = storage.backend
+    if backend is None:
+        kind = MemoryKind(ANONYMOUS)
+    elif backend == SHM:
+        kind = MemoryKind(SHM)
+    elif backend == "dynamic":
+        if "allocator" not in storage.extra_config:
+            raise ConfigError(
+                "storage backend 'dynamic' needs an 'allocator' in its extra config, e.g. "
+                '\'{"allocator": "shm"}\'; got keys '
+                f"{sorted(storage.extra_config)}"
+            )
+        kind = _allocator_kind(storage.extra_config["allocator"])
+    elif backend in MEMORY_OWNING_STORES:
+        kind = MemoryKind(STORE_PREFIX + backend)
+    else:
+        kind = MemoryKind(ANONYMOUS)
+    return HostMemory(kind, Pinning.parse(pinned))

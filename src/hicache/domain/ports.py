@@ -1,0 +1,114 @@
+"""Ports: the faces that adapters implement and the engine drives (typing.Protocol, torch-free).
+
+- Direction: LOAD (host to device) or BACKUP (device to host).
+- PageMap: host page ids and device page ids of one pool, paired 1:1, for one copy.
+- Transfer: moves pages of one host group to and from one device group (per layer or all layers).
+- Event: completion of work submitted to a copy stream (query, synchronize, make compute wait).
+- Streams: dedicated copy streams per direction that run submitted work in order.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from hicache.domain.errors import ConfigError
+from hicache.domain.pools import PoolName
+
+
+class Direction(enum.Enum):
+    LOAD = "load"  # host to device
+    BACKUP = "backup"  # device to host
+
+
+def _ids(value: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+@attrs.frozen
+class PageMap:
+    """Host pages and device pages of one pool, paired 1:1 (``host_pages[i] <-> device_pages[i]``)."""
+
+    pool: PoolName
+    host_pages: tuple[int, ...] = attrs.field(converter=_ids)
+    device_pages: tuple[int, ...] = attrs.field(converter=_ids)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.host_pages) != len(self.device_pages):
+            raise ConfigError(
+                f"pool {self.pool.value!r}: {len(self.host_pages)} host pages paired with "
+                f"{len(self.device_pages)} device pages"
+            )
+
+    def __len__(self) -> int:
+        return len(self.host_pages)
+
+
+@runtime_checkable
+class Transfer(Protocol):
+    """Copies between one host group and one device group.
+
+    Implementations issue the copies on the caller's current stream (CUDA) or perform them
+    (CPU) and return the number of bytes moved. Failures raise TransferError.
+    """
+
+    @property
+    def transfer_layers(self) -> int: ...
+
+    def load_layer(self, layer: int, maps: Sequence[PageMap]) -> int:
+        """Host to device: transfer layer ``layer`` of every pool that has it."""
+        ...
+
+    def backup(self, maps: Sequence[PageMap]) -> int:
+        """Device to host: all layers of the given pages."""
+        ...
+
+    def backup_layer(self, layer: int, maps: Sequence[PageMap]) -> int:
+        """Device to host: transfer layer ``layer`` only (layer-wise backup during prefill)."""
+        ...
+
+    def layer_bytes(self, layer: int, maps: Sequence[PageMap]) -> int:
+        """Bytes that load_layer(layer, maps) moves, computed without copying."""
+        ...
+
+
+@runtime_checkable
+class Event(Protocol):
+    """Completion of work submitted to a copy stream."""
+
+    def query(self) -> bool:
+        """True once the work finished (successfully or not); never blocks."""
+        ...
+
+    def synchronize(self) -> None:
+        """Block the calling thread until the work finished; raise its error if it failed."""
+        ...
+
+    def wait_current(self) -> None:
+        """Order the consumer after this work: a GPU-side stream wait on CUDA, a block on CPU."""
+        ...
+
+    def exception(self) -> BaseException | None:
+        """The error the work raised, once finished; None if it succeeded or is still running."""
+        ...
+
+
+@runtime_checkable
+class Streams(Protocol):
+    """One dedicated copy stream per direction; work on one stream runs in submission order."""
+
+    @property
+    def device(self) -> str: ...
+
+    def submit(self, direction: Direction, work: Callable[[], object]) -> Event:
+        """Run ``work`` on the direction's stream (it issues copies); return its completion event."""
+        ...
+
+    def after_compute(self, direction: Direction) -> None:
+        """Make the direction's stream wait for what the compute stream has issued so far."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,180 @@
+"""Slot bookkeeping: page-granular free lists and atomic allocation across a group's pools.
+
+- PageAllocator: one pool's free list of page ids; thread-safe; double free and foreign ids raise.
+- GroupAllocation: the pages one allocation took from each slot-owning pool (sidecars follow the
+  anchor and have no list of their own).
+- GroupAllocator: allocates from the anchor and the independent pools of a group all or nothing,
+  in a fixed order (anchor first, then the group's order), rolling back on failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from hicache.domain.errors import ConfigError, DoubleFreeError, ForeignIndexError, OutOfSlotsError
+from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
+
+
+class PageAllocator:
+    """A free list of page ids ``0..pages-1``; lowest ids first; safe to share between threads."""
+
+    def __init__(self, pages: int, *, name: str = "pool") -> None:
+        if not isinstance(pages, int) or pages < 0:
+            raise ConfigError(f"pages must be a non-negative integer, got {pages!r}")
+        self._name = name
+        self._pages = pages
+        # Kept as a descending list so pop() hands out the lowest id: deterministic and cheap.
+        self._free = list(range(pages - 1, -1, -1))
+        self._is_free = bytearray(b"\x01") * pages
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def pages(self) -> int:
+        return self._pages
+
+    def free_count(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def used_count(self) -> int:
+        return self._pages - self.free_count()
+
+    def is_free(self, page: int) -> bool:
+        self._check(page)
+        return bool(self._is_free[page])
+
+    def _check(self, page: object) -> int:
+        if not isinstance(page, int) or isinstance(page, bool) or not 0 <= page < self._pages:
+            raise ForeignIndexError(
+                f"page {page!r} does not belong to pool {self._name!r} (ids 0..{self._pages - 1})"
+            )
+        return page
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` pages (lowest free ids first) or raise OutOfSlotsError taking none."""
+        if not isinstance(n, int) or n < 0:
+            raise ConfigError(f"page count must be a non-negative integer, got {n!r}")
+        with self._lock:
+            if n > len(self._free):
+                raise OutOfSlotsError(
+                    f"pool {self._name!r} has {len(self._free)} free pages, {n} were asked"
+                )
+            taken = [self._free.pop() for _ in range(n)]
+            for p in taken:
+                self._is_free[p] = 0
+            return taken
+
+    def check_free(self, pages: Iterable[int]) -> None:
+        """Raise what free(pages) would raise, changing nothing."""
+        with self._lock:
+            self._check_free_locked(list(pages))
+
+    def _check_free_locked(self, ids: list[int]) -> None:
+        seen: set[int] = set()
+        for p in ids:
+            self._check(p)
+            if self._is_free[p] or p in seen:
+                raise DoubleFreeError(f"page {p} of pool {self._name!r} is already free")
+            seen.add(p)
+
+    def free(self, pages: Iterable[int]) -> None:
+        """Return pages; all-or-nothing: a foreign or already free id raises and frees none."""
+        ids = list(pages)
+        with self._lock:
+            self._check_free_locked(ids)
+            for p in sorted(ids, reverse=True):
+                self._is_free[p] = 1
+                self._free.append(p)
+            # Keep lowest-first order for the next allocations.
+            self._free.sort(reverse=True)
+
+    def __repr__(self) -> str:
+        return f"<PageAllocator {self._name}: {self.used_count()}/{self._pages} pages used>"
+
+
+@attrs.frozen
+class GroupAllocation:
+    """Pages taken from each slot-owning pool; sidecars read the anchor's entry."""
+
+    pages: Mapping[PoolName, tuple[int, ...]]
+
+    def __getitem__(self, name: PoolName) -> tuple[int, ...]:
+        return self.pages[name]
+
+
+class GroupAllocator:
+    """All-or-nothing allocation over the anchor and the independent pools of a group."""
+
+    def __init__(self, plan: HostGroupPlan, pages: Mapping[PoolName, int] | None = None) -> None:
+        self._plan = plan
+        self._order: tuple[PoolName, ...] = tuple(p.name for p in plan.independent_pools())
+        self._sidecars = tuple(p.name for p in plan.pools if p.role is PoolRole.SIDECAR)
+        counts = {p.name: p.pages for p in plan.pools}
+        if pages is not None:
+            counts.update(pages)
+        self._allocators = {n: PageAllocator(counts[n], name=n.value) for n in self._order}
+        self._lock = threading.Lock()
+
+    @property
+    def order(self) -> tuple[PoolName, ...]:
+        return self._order
+
+    def allocator(self, name: PoolName) -> PageAllocator:
+        owner = self._plan.anchor.name if name in self._sidecars else name
+        try:
+            return self._allocators[owner]
+        except KeyError:
+            raise ForeignIndexError(f"pool {name.value!r} is not part of this group") from None
+
+    def allocate(self, counts: Mapping[PoolName, int]) -> GroupAllocation:
+        """Take pages from every named pool, in the group's order, or none at all."""
+        unknown = [n.value for n in counts if n not in self._allocators]
+        if unknown:
+            raise ConfigError(
+                f"cannot allocate from {unknown}: slot-owning pools are "
+                f"{[n.value for n in self._order]} (sidecars use the anchor's pages)"
+            )
+        taken: dict[PoolName, tuple[int, ...]] = {}
+        with self._lock:
+            try:
+                for name in self._order:
+                    if name in counts:
+                        taken[name] = tuple(self._allocators[name].allocate(counts[name]))
+            except BaseException:
+                for name, ids in taken.items():
+                    self._allocators[name].free(ids)
+                raise
+        return GroupAllocation(taken)
+
+    def free(self, allocation: GroupAllocation | Mapping[PoolName, Sequence[int]]) -> None:
+        """Free the pages of an allocation; a sidecar's pages are never freed on their own."""
+        pages = allocation.pages if isinstance(allocation, GroupAllocation) else allocation
+        sidecar = [n.value for n in pages if n in self._sidecars]
+        if sidecar:
+            raise ForeignIndexError(
+                f"sidecar pools {sidecar} borrow the anchor's pages and are never freed on their own"
+            )
+        unknown = [n.value for n in pages if n not in self._allocators]
+        if unknown:
+            raise ForeignIndexError(f"pools {unknown} are not slot-owning pools of this group")
+        with self._lock:
+            for name in self._order:
+                if name in pages:
+                    self._allocators[name].check_free(pages[name])
+            for name in self._order:
+                if name in pages:
+                    self._allocators[name].free(pages[name])
+
+    def free_counts(self) -> dict[PoolName, int]:
+        return {n: a.free_count() for n, a in self._allocators.items()}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(a) for a in self._allocators.values())
+        return f"<GroupAllocator {inner}>"
