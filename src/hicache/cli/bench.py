@@ -1,0 +1,18 @@
+"""`hicache bench`: measurements that report ratios against a baseline measured in the same run.
+
+- bench copy: host <-> device copy backends against a contiguous copy (hicache.cli.bench_copy).
+- bench overlap: layer-wise loads overlapped with compute (hicache.cli.bench_overlap).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    from hicache.cli import bench_copy, bench_overlap
+
+    p = sub.add_parser("bench", help="measure copies and overlap (ratios to a same-run baseline)")
+    inner = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
+    bench_copy.register(inner)
+    bench_overlap.register(inner)
