@@ -24,11 +24,18 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
+def _reason(e: OSError | UnicodeDecodeError) -> str:
+    """Why a file could not be read, in a few words (a binary file is not UTF-8 text)."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {e.start})"
+    return e.strerror or str(e)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read extra config file {str(path)!r}: {e.strerror}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read extra config file {str(path)!r}: {_reason(e)}") from None
     suffix = path.suffix.lower()
     try:
         if suffix == ".json":
@@ -83,8 +90,8 @@ def load_model_config(model: str) -> dict[str, Any]:
         source = str(path)
         try:
             text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read model config {source!r}: {e.strerror}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read model config {source!r}: {_reason(e)}") from None
     else:
         name = model.removesuffix(".json")
         if name not in bundled_models():

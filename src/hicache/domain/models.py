@@ -431,14 +431,31 @@ def _sliding(config: Mapping[str, Any]) -> ModelSpec:
     )
 
 
+# transformers' Gemma3TextConfig defaults: HuggingFace checkpoints omit keys equal to them (the
+# text_config of gemma-3-12b-it names neither head_dim nor layer_types nor a sliding pattern), so a
+# reader without them fails or, worse, derives head_dim = hidden_size / heads (240, not 256).
+_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "sliding_window": 4096,
+}
+_GEMMA3_SLIDING_PATTERN = 6
+
+
 def _gemma3(config: Mapping[str, Any]) -> ModelSpec:
     text = config.get("text_config")
-    if isinstance(text, Mapping):
-        merged = {**text, "model_type": config["model_type"]}
-        if "torch_dtype" in config and "torch_dtype" not in text:
-            merged["torch_dtype"] = config["torch_dtype"]
-        return _sliding(merged)
-    return _sliding(config)
+    source: Mapping[str, Any] = text if isinstance(text, Mapping) else config
+    merged = {**_GEMMA3_TEXT_DEFAULTS, **source, "model_type": config["model_type"]}
+    for key in ("torch_dtype", "dtype"):
+        if key in config and key not in source:
+            merged[key] = config[key]
+    if not any(
+        k in source for k in ("layer_types", "sliding_window_pattern", "_sliding_window_pattern")
+    ):
+        merged["sliding_window_pattern"] = _GEMMA3_SLIDING_PATTERN
+    return _sliding(merged)
 
 
 def _qwen3_next(config: Mapping[str, Any]) -> ModelSpec:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from hicache.domain.bindings import LayerBinding
+from hicache.domain.bindings import LayerBinding, stage_local
 from hicache.domain.dtypes import DType
 from hicache.domain.errors import ConfigError
 from hicache.domain.geometry import AnyGeometry
@@ -230,7 +230,7 @@ def plan_stack(spec: ModelSpec, settings: PlanSettings | None = None) -> HostGro
     return HostGroupPlan(
         host_memory=host_memory,
         pools=pools,
-        model_layers=tuple(cached),
+        model_layers=stage_local(cached, start, end),
         model_type=spec.model_type,
         archetype=archetype.value,
         tp_size=s.tp_size,
