@@ -2,20 +2,37 @@
 
 - HostRegion: one exact-size host mapping (anonymous, shared or store-owned), optionally pinned,
   viewable as a torch uint8 tensor without a copy; closes idempotently.
+- check_nbytes: the one size check every region constructor applies (a positive int, no bool).
 """
 
 from __future__ import annotations
 
 import abc
 from types import TracebackType
+from typing import TypeVar
 
 import torch
 
-from hicache.domain import MemoryKind
+from hicache.domain import ConfigError, MemoryKind
+
+
+def check_nbytes(nbytes: object, what: str = "host region size") -> int:
+    """``nbytes`` as an int if it is a positive integer, else a ConfigError naming it."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+        raise ConfigError(f"{what} must be a positive integer number of bytes, got {nbytes!r}")
+    return nbytes
+
+
+_Region = TypeVar("_Region", bound="HostRegion")
 
 
 class HostRegion(abc.ABC):
-    """One exact-size region of host memory. Subclasses: AnonymousRegion, ShmRegion, StoreRegion."""
+    """One exact-size region of host memory.
+
+    Subclasses: AnonymousRegion, ShmRegion, StoreRegion, and PinnedRegion (which page-locks any
+    of the others). Closing is idempotent; tensors that still view a closed region keep the bytes
+    mapped until they are gone, but must not be used for transfers.
+    """
 
     kind: MemoryKind
     nbytes: int
@@ -42,7 +59,12 @@ class HostRegion(abc.ABC):
     @abc.abstractmethod
     def closed(self) -> bool: ...
 
-    def __enter__(self) -> HostRegion:
+    @property
+    def shm_name(self) -> str | None:
+        """The POSIX shared-memory segment name another process attaches to, or None."""
+        return None
+
+    def __enter__(self: _Region) -> _Region:
         return self
 
     def __exit__(

@@ -1,0 +1,100 @@
+"""`hicache shm list` and `hicache shm gc`: the JSON faces through a real subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hicache.cli import main
+
+SHM_DIR = Path("/dev/shm")
+
+
+def hicache(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hicache", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def segments() -> Iterator[tuple[str, str]]:
+    """(a live segment owned by this process, a segment whose owner is dead)."""
+    from hicache.adapters.host_memory import ShmRegion
+
+    live = ShmRegion.create(8192)
+    dead = f"hicache-{dead_pid()}-{secrets.token_hex(8)}"
+    fd = os.open(SHM_DIR / dead, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, 12288)
+    os.close(fd)
+    try:
+        yield live.name, dead
+    finally:
+        live.close()
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIR / dead).unlink()
+
+
+def test_shm_list_json_shows_owner_liveness_and_size(segments: tuple[str, str]) -> None:
+    live, dead = segments
+    proc = hicache("shm", "list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert set(doc) == {"segments"}
+    by_name = {s["name"]: s for s in doc["segments"]}
+    assert by_name[live] == {"name": live, "owner_pid": os.getpid(), "alive": True, "size": 8192}
+    assert by_name[dead]["alive"] is False
+    assert by_name[dead]["size"] == 12288
+    assert by_name[dead]["owner_pid"] == int(dead.split("-")[1])
+
+
+def test_shm_gc_removes_dead_owners_segments_only(segments: tuple[str, str]) -> None:
+    live, dead = segments
+    proc = hicache("shm", "gc", "--json")
+    assert proc.returncode == 0, proc.stderr
+    removed = json.loads(proc.stdout)["removed"]
+    assert dead in removed
+    assert live not in removed
+    assert not (SHM_DIR / dead).exists()
+    assert (SHM_DIR / live).exists()
+
+
+def test_shm_list_and_gc_print_a_readable_summary(
+    segments: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    live, dead = segments
+    assert main(["shm", "list"]) == 0
+    out = capsys.readouterr().out
+    live_line = next(line for line in out.splitlines() if line.startswith(live))
+    dead_line = next(line for line in out.splitlines() if line.startswith(dead))
+    assert f" {os.getpid()} " in live_line
+    assert " alive " in live_line
+    assert "8192" in live_line
+    assert " dead " in dead_line
+    assert "12288" in dead_line
+    assert "hicache shm gc" in out
+    assert main(["shm", "gc"]) == 0
+    assert f"removed {dead}" in capsys.readouterr().out
+
+
+def test_shm_without_a_subcommand_is_a_usage_error() -> None:
+    proc = hicache("shm")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
