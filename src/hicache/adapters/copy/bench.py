@@ -1,0 +1,256 @@
+"""The measurement behind `hicache bench copy` (docs/bench-copy.md): torch lives here, not in cli.
+
+- BenchSettings: device, page sizes, layouts, host memory kind, repeats, backend, geometry.
+- run_copy_bench: measures, in one process and under one torch thread count, a contiguous copy
+  of the same bytes (the baseline), the naive peer method and hicache's chosen backend, for the
+  all-layer backup and for per-layer loads of every layer one after another; returns the JSON
+  document of the command.
+
+The synthetic pool: one MHA pool of ``layers`` layers (32), bf16, 8 KV heads x head_dim 64 for K
+and for V (1 KiB + 1 KiB = 2 KiB per token per layer, 64 KiB per token over all layers); host and
+device capacity 2 x ``tokens`` tokens each; every measurement moves ``tokens`` tokens (4096 ->
+256 MiB) in pages chosen at random on both sides (without repeats, shuffled).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from hicache.adapters.copy.transfer import GroupTransfer, check_backend_name
+from hicache.adapters.device_pool import DeviceGroup, parse_torch_device
+from hicache.adapters.host_pool import materialise_host_group
+from hicache.domain import (
+    ConfigError,
+    DType,
+    HostGroupPlan,
+    HostMemory,
+    KVGeometry,
+    LayerBinding,
+    Layout,
+    MemoryKind,
+    Pinning,
+    PoolName,
+    PoolPlan,
+    PoolRole,
+)
+from hicache.domain.ports import PageMap
+
+KV_HEADS = 8
+HEAD_DIM = 64
+OPS = ("backup", "load_layer")
+METHODS = ("hicache", "naive")
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class BenchSettings:
+    device: str = "cpu"
+    page_sizes: tuple[int, ...] = (1, 16, 64, 256)
+    layouts: tuple[Layout, ...] = tuple(Layout)
+    host_memory: str = "anonymous"
+    repeats: int = attrs.field(default=3, validator=_positive)
+    backend: str = "auto"
+    tokens: int = attrs.field(default=4096, validator=_positive)
+    layers: int = attrs.field(default=32, validator=_positive)
+    threads: int = attrs.field(default=1, validator=_positive)
+    huge_pages: bool = False
+    seed: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if not self.page_sizes:
+            raise ConfigError("page sizes must name at least one page size")
+        for ps in self.page_sizes:
+            if isinstance(ps, bool) or not isinstance(ps, int) or ps <= 0:
+                raise ConfigError(f"page sizes must be positive integers, got {ps!r}")
+            if self.tokens % ps:
+                raise ConfigError(
+                    f"tokens={self.tokens} is not a whole number of pages of {ps}: choose tokens "
+                    f"that every page size divides"
+                )
+        if not self.layouts:
+            raise ConfigError("layouts must name at least one layout")
+        if self.host_memory not in ("anonymous", "shm"):
+            raise ConfigError(
+                f"host memory {self.host_memory!r} cannot be benchmarked: expected anonymous or shm"
+            )
+        check_backend_name(self.backend)
+        if self.huge_pages and self.host_memory != "anonymous":
+            raise ConfigError("huge pages apply to anonymous host memory only")
+
+    @property
+    def bytes_per_token_layer(self) -> int:
+        return 2 * KV_HEADS * HEAD_DIM * DType.BF16.itemsize
+
+    @property
+    def moved_bytes(self) -> int:
+        return self.tokens * self.layers * self.bytes_per_token_layer
+
+
+def _plan(s: BenchSettings, layout: Layout, page_size: int) -> HostGroupPlan:
+    capacity = 2 * s.tokens
+    pool = PoolPlan(
+        name=PoolName.KV,
+        role=PoolRole.ANCHOR,
+        geometry=KVGeometry(kv_heads=KV_HEADS, head_dim=HEAD_DIM, dtype=DType.BF16),
+        binding=LayerBinding.contiguous(list(range(s.layers))),
+        layout=layout,
+        page_size=page_size,
+        capacity=capacity,
+        device_capacity=capacity,
+    )
+    return HostGroupPlan(
+        host_memory=HostMemory(MemoryKind(s.host_memory), Pinning.AUTO), pools=[pool]
+    )
+
+
+class _Clock:
+    """Wall time of a call, synchronising the GPU around it where there is one."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream: torch.cuda.Stream | None = None
+        if device.type == "cuda":
+            self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+
+    def time(self, fn: Callable[[], object]) -> float:
+        if self.stream is None:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        with torch.cuda.stream(self.stream):
+            fn()
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+
+def _median(clock: _Clock, fn: Callable[[], object], repeats: int, warmup: bool) -> float:
+    if warmup:
+        clock.time(fn)
+    return statistics.median(clock.time(fn) for _ in range(repeats))
+
+
+def run_copy_bench(
+    settings: BenchSettings, *, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Measure and return {"device", "baseline_gbps", "results": [...]} (see docs/bench-copy.md)."""
+    s = settings
+    dev = parse_torch_device(s.device)
+    say = progress or (lambda _msg: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(s.threads)
+    try:
+        return _run(s, dev, say)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(s: BenchSettings, dev: torch.device, say: Callable[[str], None]) -> dict[str, Any]:
+    clock = _Clock(dev)
+    nbytes = s.moved_bytes
+    # Baseline buffers: a contiguous copy of the same bytes (host <-> device), touched up front.
+    pin = dev.type == "cuda"
+    host_buf = torch.ones(nbytes, dtype=torch.uint8, pin_memory=pin)
+    dev_buf = torch.ones(nbytes, dtype=torch.uint8, device=dev)
+    if dev.type == "cpu":
+        dev_buf.fill_(2)
+    base_load: list[float] = []
+    base_backup: list[float] = []
+
+    def sample_baseline() -> None:
+        base_load.append(clock.time(lambda: dev_buf.copy_(host_buf, non_blocking=True)))
+        base_backup.append(clock.time(lambda: host_buf.copy_(dev_buf, non_blocking=True)))
+
+    sample_baseline()  # warm-up, not kept
+    base_load.clear()
+    base_backup.clear()
+    for _ in range(s.repeats):
+        sample_baseline()
+
+    rng = np.random.default_rng(s.seed)
+    first = _plan(s, s.layouts[0], s.page_sizes[0])
+    devices = DeviceGroup.allocate(first, device=dev)
+    tensors: dict[PoolName | str, Mapping[str, Sequence[torch.Tensor]]] = {
+        PoolName.KV: dict(devices.pool(PoolName.KV).buffers)
+    }
+    raw: list[dict[str, Any]] = []
+    for layout in s.layouts:
+        for page_size in s.page_sizes:
+            plan = _plan(s, layout, page_size)
+            pages = s.tokens // page_size
+            host_pages = rng.permutation(plan.anchor.pages)[:pages].tolist()
+            device_pages = rng.permutation(plan.anchor.pages)[:pages].tolist()
+            maps = [PageMap(PoolName.KV, host_pages, device_pages)]
+            group = DeviceGroup.wrap(plan, tensors)
+            host = materialise_host_group(plan, device=s.device, huge_pages=s.huge_pages)
+            try:
+                sample_baseline()
+                methods = {
+                    "hicache": GroupTransfer(host, group, backend=s.backend),
+                    "naive": GroupTransfer(host, group, backend="naive"),
+                }
+                for op in OPS:
+                    for method, transfer in methods.items():
+                        fn = _op(transfer, op, maps, s.layers)
+                        # The naive method has nothing to warm up; its page-1 runs are the
+                        # slowest part of the bench, so it is timed without a warm-up run.
+                        t = _median(clock, fn, s.repeats, warmup=method == "hicache")
+                        raw.append(
+                            {
+                                "layout": layout.value,
+                                "page_size": page_size,
+                                "op": op,
+                                "method": method,
+                                "backend": transfer.backends[PoolName.KV],
+                                "seconds": t,
+                            }
+                        )
+                        say(
+                            f"{layout.value} page {page_size} {op} {method}: {nbytes / t / 1e9:.2f} GB/s"
+                        )
+            finally:
+                host.close()
+    load_gbps = nbytes / statistics.median(base_load) / 1e9
+    backup_gbps = nbytes / statistics.median(base_backup) / 1e9
+    results = []
+    for r in raw:
+        gbps = nbytes / r.pop("seconds") / 1e9
+        base = load_gbps if r["op"] == "load_layer" else backup_gbps
+        results.append({**r, "gbps": round(gbps, 3), "ratio_to_baseline": round(gbps / base, 3)})
+    baseline = statistics.median(
+        [nbytes / t / 1e9 for t in base_load]
+        + ([] if dev.type == "cuda" else [nbytes / t / 1e9 for t in base_backup])
+    )
+    if dev.type == "cpu":
+        # On CPU both directions are the same memcpy: one baseline for every ratio.
+        for r in results:
+            r["ratio_to_baseline"] = round(r["gbps"] / baseline, 3)
+    return {"device": str(dev), "baseline_gbps": round(baseline, 3), "results": results}
+
+
+def _op(
+    transfer: GroupTransfer, op: str, maps: Sequence[PageMap], layers: int
+) -> Callable[[], object]:
+    if op == "backup":
+        return lambda: transfer.backup(maps)
+
+    def load_all() -> None:
+        for layer in range(layers):
+            transfer.load_layer(layer, maps)
+
+    return load_all
+
+
+__all__ = ["BenchSettings", "run_copy_bench"]
