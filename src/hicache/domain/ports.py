@@ -3,8 +3,10 @@
 - Direction: LOAD (host to device) or BACKUP (device to host).
 - PageMap: host page ids and device page ids of one pool, paired 1:1, for one copy.
 - Transfer: moves pages of one host group to and from one device group (per layer or all layers).
-- Event: completion of work submitted to a copy stream (query, synchronize, make compute wait).
-- Streams: dedicated copy streams per direction that run submitted work in order.
+- Event: completion of work submitted to a copy stream (query, synchronize, make compute wait,
+  how long the work took); an event that finished can be recorded again (reused).
+- Streams: dedicated copy streams per direction that run submitted work in order; hands out idle
+  events and re-records finished ones.
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ class Event(Protocol):
         """The error the work raised, once finished; None if it succeeded or is still running."""
         ...
 
+    def elapsed_s(self) -> float | None:
+        """Seconds the work occupied its stream, once finished; None while running or unknown."""
+        ...
+
 
 @runtime_checkable
 class Streams(Protocol):
@@ -103,8 +109,19 @@ class Streams(Protocol):
     @property
     def device(self) -> str: ...
 
-    def submit(self, direction: Direction, work: Callable[[], object]) -> Event:
-        """Run ``work`` on the direction's stream (it issues copies); return its completion event."""
+    def submit(
+        self, direction: Direction, work: Callable[[], object], event: Event | None = None
+    ) -> Event:
+        """Run ``work`` on the direction's stream (it issues copies); return its completion event.
+
+        ``event``, when given, is an event of these streams that has finished (``query()`` is
+        True); it is recorded again for this work and returned, instead of a new one. An error
+        that ``work`` raises is kept in the event, not raised here.
+        """
+        ...
+
+    def new_event(self) -> Event:
+        """An idle event (``query()`` is True, nothing recorded) to reuse with ``submit``."""
         ...
 
     def after_compute(self, direction: Direction) -> None:

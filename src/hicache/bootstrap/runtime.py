@@ -1,0 +1,182 @@
+"""The composition root of a working runtime: plan in, host memory + pools + copies + engine out.
+
+- Runtime: the host group, the device group, the copy backend (Transfer), the copy streams, the
+  slot allocators and the transfer engine of one host group plan; an async context manager that
+  opens the engine and closes everything, in reverse order, exactly once.
+- open_runtime: build a Runtime for a device ("cpu", "cuda[:N]", "rocm[:N]"), allocating the
+  device pools or wrapping a serving framework's tensors.
+
+This is the only place (with the command line) that names concrete adapters: the host pool
+materialiser (which takes the group's one host memory kind from the plan), the device pools,
+the copy backends and the streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from hicache.adapters.copy import make_transfer
+from hicache.adapters.device_pool import DeviceGroup
+from hicache.adapters.host_pool import HostGroup, materialise_host_group
+from hicache.adapters.streams import open_streams
+from hicache.domain import ConfigError, HostGroupPlan, PoolName
+from hicache.domain.pins import PinTable
+from hicache.domain.ports import Streams, Transfer
+from hicache.domain.slots import GroupAllocator
+from hicache.engine import TransferEngine
+
+
+class Runtime:
+    """Everything one model rank needs to move its cache between host and device.
+
+    ``host_slots`` is the host group's allocator; ``device_slots`` allocates device pages with
+    the device pools' real capacities. Use ``async with runtime:`` (or ``open_runtime``); the
+    engine is usable inside the block.
+    """
+
+    def __init__(
+        self,
+        *,
+        plan: HostGroupPlan,
+        host: HostGroup,
+        device: DeviceGroup,
+        transfer: Transfer,
+        streams: Streams,
+        device_slots: GroupAllocator,
+        engine: TransferEngine,
+    ) -> None:
+        self.plan = plan
+        self.host = host
+        self.device = device
+        self.transfer = transfer
+        self.streams = streams
+        self.host_slots = host.allocator
+        self.device_slots = device_slots
+        self.engine = engine
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> Runtime:
+        try:
+            await self.engine.__aenter__()
+        except BaseException:
+            self._close_resources()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.engine.__aexit__(exc_type, exc, tb)
+        finally:
+            self._close_resources()
+
+    async def aclose(self) -> None:
+        """Close the engine (draining submitted copies), then streams, device and host."""
+        try:
+            await self.engine.aclose()
+        finally:
+            self._close_resources()
+
+    def _close_resources(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.streams.close()
+        finally:
+            try:
+                self.device.close()
+            finally:
+                self.host.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else repr(self.engine)
+        return f"<Runtime {self.plan.host_memory} -> {self.streams.device}: {state}>"
+
+
+def _device_slots(plan: HostGroupPlan, device: DeviceGroup) -> GroupAllocator:
+    pages = {p.name: device.pool(p.name).pages for p in plan.independent_pools()}
+    return GroupAllocator(plan, pages=pages)
+
+
+def open_runtime(
+    plan: HostGroupPlan,
+    *,
+    device: str = "cpu",
+    device_tensors: Mapping[PoolName | str, Mapping[str, Sequence[Any]]] | None = None,
+    device_capacities: Mapping[PoolName | str, int] | None = None,
+    backend: str | Mapping[PoolName | str, str] = "auto",
+    huge_pages: bool = False,
+    event_sets: int = 3,
+    host_pins: PinTable | None = None,
+    device_pins: PinTable | None = None,
+    name: str = "engine",
+) -> Runtime:
+    """Materialise ``plan`` and wire an engine over it; enter the result with ``async with``.
+
+    Host memory: the plan's one resolved kind (anonymous, shm, store-owned; pinned per its
+    policy for a GPU). Device pools: allocated on ``device`` with the plan's device capacities
+    (or ``device_capacities``), or, with ``device_tensors``, a serving framework's existing
+    per-layer tensors (checked against the plan). ``backend`` picks the copy backend ("auto":
+    the measured default per pool). Everything built so far is closed again if a step fails.
+    """
+    if not isinstance(plan, HostGroupPlan):
+        raise ConfigError(f"open_runtime needs a HostGroupPlan, got {type(plan).__name__}")
+    if device_tensors is not None and device_capacities is not None:
+        raise ConfigError(
+            "device_capacities applies to allocated device pools; wrapped device_tensors "
+            "carry their own capacity: give one or the other"
+        )
+    host = materialise_host_group(plan, device=device, huge_pages=huge_pages)
+    dev: DeviceGroup | None = None
+    streams: Streams | None = None
+    try:
+        if device_tensors is not None:
+            dev = DeviceGroup.wrap(plan, device_tensors)
+        else:
+            dev = DeviceGroup.allocate(plan, device=device, capacities=device_capacities)
+        transfer = make_transfer(host, dev, backend=backend)
+        streams = open_streams(str(dev.device))
+        device_slots = _device_slots(plan, dev)
+        engine = TransferEngine(
+            plan=plan,
+            transfer=transfer,
+            streams=streams,
+            host_slots=host.allocator,
+            device_slots=device_slots,
+            host_pins=host_pins,
+            device_pins=device_pins,
+            event_sets=event_sets,
+            name=name,
+        )
+    except BaseException:
+        try:
+            if streams is not None:
+                streams.close()
+            if dev is not None:
+                dev.close()
+        finally:
+            host.close()
+        raise
+    return Runtime(
+        plan=plan,
+        host=host,
+        device=dev,
+        transfer=transfer,
+        streams=streams,
+        device_slots=device_slots,
+        engine=engine,
+    )
+
+
+__all__ = ["Runtime", "open_runtime"]
