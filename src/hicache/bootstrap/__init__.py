@@ -1,7 +1,12 @@
 """The composition root: the only code that names concrete adapters and reads config files.
 
 - config: extra config (JSON / @file), model configs (path or bundled name) into domain values.
+- runtime: open_runtime / Runtime, a plan materialised into host and device pools, copies,
+  streams and the transfer engine. Loaded on first use, so importing hicache.bootstrap does not
+  load torch.
 """
+
+from typing import Any
 
 from hicache.bootstrap.config import (
     bundled_models,
@@ -11,10 +16,21 @@ from hicache.bootstrap.config import (
     storage_settings,
 )
 
+
+def __getattr__(name: str) -> Any:
+    if name in ("open_runtime", "Runtime"):
+        from hicache.bootstrap import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'hicache.bootstrap' has no attribute {name!r}")
+
+
 __all__ = [
+    "Runtime",
     "bundled_models",
     "load_extra_config",
     "load_model_config",
     "load_model_spec",
+    "open_runtime",
     "storage_settings",
 ]
