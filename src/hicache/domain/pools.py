@@ -164,6 +164,7 @@ class HostGroupPlan:
     archetype: str | None = None
     tp_size: int = 1
     stage: tuple[int, int] | None = None
+    _transfer_layers: int = attrs.field(init=False, default=0, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         names = [p.name for p in self.pools]
@@ -197,6 +198,8 @@ class HostGroupPlan:
             raise GroupError(
                 f"transfer layers must be numbered 0..n-1 over the union of all pools; got {union}"
             )
+        # Derived once: the engine and the copy backends ask for it on every layer.
+        object.__setattr__(self, "_transfer_layers", len(union))
         if self.model_layers is not None and len(self.model_layers) != len(union):
             raise GroupError(
                 f"model_layers has {len(self.model_layers)} entries for {len(union)} transfer layers"
@@ -232,7 +235,7 @@ class HostGroupPlan:
 
     @property
     def transfer_layers(self) -> int:
-        return len({t for p in self.pools for t in p.binding.transfer_layers})
+        return self._transfer_layers
 
     @property
     def nbytes(self) -> int:

@@ -191,22 +191,7 @@ class GroupTransfer:
 
     def load_layer(self, layer: int, maps: Sequence[PageMap]) -> int:
         """Host to device: transfer layer ``layer`` of every pool in ``maps`` that has it."""
-        self._check_layer(layer)
-        total = 0
-        for pool, pages in self._pagesets(maps):
-            pool_layer = pool.pair.pool_layer(layer)
-            if pool_layer is None or pages.count == 0:
-                continue
-            self._check_unique(pool, pages, load=True)
-            self._run(
-                f"load of transfer layer {layer} (pool layer {pool_layer})",
-                pool,
-                pages,
-                load=True,
-                layers=(pool_layer,),
-            )
-            total += pages.count * pool.pair.bytes_per_page_layer
-        return total
+        return self._one_layer(layer, maps, load=True)
 
     def backup(self, maps: Sequence[PageMap]) -> int:
         """Device to host: every layer of the given pages of every pool in ``maps``."""
@@ -222,18 +207,22 @@ class GroupTransfer:
 
     def backup_layer(self, layer: int, maps: Sequence[PageMap]) -> int:
         """Device to host: transfer layer ``layer`` only."""
+        return self._one_layer(layer, maps, load=False)
+
+    def _one_layer(self, layer: int, maps: Sequence[PageMap], *, load: bool) -> int:
         self._check_layer(layer)
+        what = "load" if load else "backup"
         total = 0
         for pool, pages in self._pagesets(maps):
             pool_layer = pool.pair.pool_layer(layer)
             if pool_layer is None or pages.count == 0:
                 continue
-            self._check_unique(pool, pages, load=False)
+            self._check_unique(pool, pages, load=load)
             self._run(
-                f"backup of transfer layer {layer} (pool layer {pool_layer})",
+                f"{what} of transfer layer {layer} (pool layer {pool_layer})",
                 pool,
                 pages,
-                load=False,
+                load=load,
                 layers=(pool_layer,),
             )
             total += pages.count * pool.pair.bytes_per_page_layer
