@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from hicache.adapters.copy import make_transfer
-from hicache.adapters.device_pool import DeviceGroup
+from hicache.adapters.device_pool import DeviceGroup, parse_torch_device
 from hicache.adapters.host_pool import HostGroup, materialise_host_group
 from hicache.adapters.streams import open_streams
 from hicache.domain import ConfigError, HostGroupPlan, PoolName
@@ -143,6 +143,14 @@ def open_runtime(
     try:
         if device_tensors is not None:
             dev = DeviceGroup.wrap(plan, device_tensors)
+            # The host group was pinned (or not) for ``device``: wrapped tensors elsewhere would
+            # get pageable host memory for a GPU, or GPU settings for CPU tensors, silently.
+            wanted = parse_torch_device(device)
+            if dev.device != wanted:
+                raise ConfigError(
+                    f"device_tensors are on {dev.device}, but device={device!r} ({wanted}): "
+                    f"pass the device the framework's tensors live on"
+                )
         else:
             dev = DeviceGroup.allocate(plan, device=device, capacities=device_capacities)
         transfer = make_transfer(host, dev, backend=backend)

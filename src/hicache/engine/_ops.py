@@ -95,6 +95,8 @@ class Op:
         self.failed_step: int | None = None
         self.error: BaseException | None = None
         self.bytes_done = 0
+        # Frozen when its batch ends: the batch's events then go back to the pool for reuse.
+        self.final_copy_s: float | None = None
         self.t_prepared = time.perf_counter()
         self.t_submitted = 0.0
         self.t_finished = 0.0
@@ -108,6 +110,8 @@ class Op:
         )
 
     def copy_s(self) -> float:
+        if self.final_copy_s is not None:
+            return self.final_copy_s
         batch = self.batch
         if batch is None:
             return 0.0
@@ -225,8 +229,11 @@ class Batch:
             stopped = op.stopped
             included = list(op.included)
             states = [self.step_state[i] for i in op.step_ids]
+            # A step that took ``op`` in but is still being submitted (its copies issued on
+            # another thread, its event not recorded yet) is not finished whatever its event says.
+            pending = any(self.step_state[i] != 2 for i in included)
         if stopped:
-            return all(self.events[i].query() for i in reversed(included))
+            return not pending and all(self.events[i].query() for i in reversed(included))
         if any(s != 2 for s in states):
             return False
         return all(self.events[i].query() for i in reversed(op.step_ids))
@@ -237,6 +244,8 @@ class Batch:
             return True
         with self.lock:
             included = list(op.included)
+            if any(self.step_state[i] != 2 for i in included):
+                return False  # being submitted: its event does not reflect the work yet
         return all(self.events[i].query() for i in reversed(included))
 
     def done(self) -> bool:

@@ -211,6 +211,9 @@ class TransferEngine:
         self._life = _Life.CLOSING
         with anyio.CancelScope(shield=True):
             aborted = 0
+            # Settle what already finished first, so that a layer-wise backup whose layers were
+            # all copied is kept, not cancelled because the reaper had not looked at it yet.
+            self._sweep()
             for op in list(self._queued):
                 op.closed_by_engine = True
                 self._abort_queued(op)
@@ -420,8 +423,9 @@ class TransferEngine:
         now = time.perf_counter()
         for op in ops:
             op.state = OperationState.RUNNING
-            op.batch = batch
             op.t_submitted = now
+            if kind is OpKind.LAYERWISE_BACKUP:  # nothing is recorded until layer_computed
+                op.batch = batch
         self._running.append(batch)
         log.debug(
             "batch_submitted",
@@ -447,6 +451,10 @@ class TransferEngine:
                     op.error = e
         for step in range(steps):
             batch.submit_step(step, self._streams)
+        # Only now: a forward pass on another thread that sees the batch must find every
+        # step's event recorded (an event not recorded yet reads as finished).
+        for op in ops:
+            op.batch = batch
 
     def _call(self, kind: OpKind) -> Any:
         transfer = self._transfer
@@ -654,6 +662,8 @@ class TransferEngine:
         else:
             self._backup_copy_s += copy_s
             self._counts["bytes_backed_up"] += moved
+        for op in batch.ops:
+            op.final_copy_s = op.copy_s()  # before the events serve another submission
         if all(batch.step_state[i] == 2 for i in range(batch.steps)):
             self._event_sets.release(batch.events)
         outcome = {s.value: 0 for s in OperationState if s.finished}

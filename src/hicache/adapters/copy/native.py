@@ -57,10 +57,12 @@ NATIVE_SOURCE = r"""
 
 /* Scattered sources start a new hardware prefetch stream (and often a TLB walk) per piece: a
    piece of at most 4 KiB that is HC_AHEAD pieces ahead is prefetched whole, every cache line;
-   of a longer one only the first line (the hardware streams the rest). */
+   of a longer one only the first line (the hardware streams the rest). The prefetch is
+   non-temporal (locality 0): the source is read once, and a temporal prefetch would fill the
+   shared last-level cache with it, evicting the working set of the compute running beside. */
 static inline void hc_prefetch(const char *p, int64_t n) {
     if (n > HC_PREFETCH_MAX) n = 1;
-    for (int64_t k = 0; k < n; k += 64) __builtin_prefetch(p + k, 0, 3);
+    for (int64_t k = 0; k < n; k += 64) __builtin_prefetch(p + k, 0, 0);
 }
 
 int64_t hc_abi_version(void) { return 1; }
