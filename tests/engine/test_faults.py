@@ -137,3 +137,45 @@ async def test_streams_that_refuse_work_fail_the_loads_not_the_engine() -> None:
             assert isinstance(rig.streams, CpuStreams)
     finally:
         rig.close_streams()
+
+
+class _NoEventStreams(CpuStreams):
+    """CPU streams whose next new_event() fails once, as a driver error would."""
+
+    def __init__(self) -> None:
+        super().__init__(name="no-event")
+        self.fail_next = False
+
+    def new_event(self):  # type: ignore[no-untyped-def]
+        if self.fail_next:
+            self.fail_next = False
+            raise InjectedFault("no event could be created")
+        return super().new_event()
+
+
+@pytest.mark.asyncio
+async def test_a_submission_that_cannot_start_keeps_its_operations_to_retry_or_cancel() -> None:
+    streams = _NoEventStreams()
+    rig = Rig(hybrid_plan(), streams=streams)
+    try:
+        async with rig.engine as engine:
+            host = rig.host_prefix("s", {KV: 2, MAMBA: 1})
+            handle = engine.prepare_load(host)
+            other = engine.prepare_load(rig.host_prefix("t", {KV: 1}))
+            streams.fail_next = True
+            with pytest.raises(TransferError, match="2 operation\\(s\\) stay queued") as info:
+                engine.submit()
+            assert isinstance(info.value.__cause__, InjectedFault)
+            # Nothing was lost: both loads are still queued with their slots and pins...
+            assert handle.state is OperationState.QUEUED
+            assert other.state is OperationState.QUEUED
+            # ...so one can be cancelled (its pages come back) and the other submitted again.
+            await other.cancel()
+            engine.submit()
+            await handle.wait()
+            for layer in range(rig.layers):
+                assert rig.layer_ok(layer, host, handle.device_pages)
+            engine.free_device(handle.device_pages)
+            rig.assert_no_leaks(host_used={KV: 3, MAMBA: 1})
+    finally:
+        rig.close_streams()

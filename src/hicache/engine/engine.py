@@ -34,6 +34,7 @@ from hicache.domain.errors import (
     ConfigError,
     EngineClosedError,
     ForeignIndexError,
+    HiCacheError,
     SlotError,
     TransferError,
 )
@@ -401,10 +402,21 @@ class TransferEngine:
         if not self._queued:
             return
         queued, self._queued = self._queued, []
-        for kind in OpKind:
-            ops = [op for op in queued if op.kind is kind]
-            if ops:
-                self._launch(kind, ops)
+        try:
+            for kind in OpKind:
+                ops = [op for op in queued if op.kind is kind]
+                if ops:
+                    self._launch(kind, ops)
+        except BaseException as e:
+            # Nothing may be lost: operations that did not reach a copy stream stay queued,
+            # with their slots and pins, for a later submit(), a cancel or close() to settle.
+            self._queued = [op for op in queued if op.state is OperationState.QUEUED]
+            if isinstance(e, Exception) and not isinstance(e, HiCacheError):
+                raise TransferError(
+                    f"engine {self._name!r}: the copy streams refused a submission "
+                    f"({type(e).__name__}: {e}); {len(self._queued)} operation(s) stay queued"
+                ) from e
+            raise
         if self._wakeup is not None:
             self._wakeup.set()
 
