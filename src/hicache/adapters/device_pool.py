@@ -14,12 +14,12 @@ its capacity must equal the anchor's. fp8 buffers are held as uint8 views (raw b
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 import torch
 
+from hicache.adapters.devices import parse_device_name
 from hicache.adapters.dtypes import accepted_dtypes, as_storage, torch_dtype
 from hicache.domain import (
     ConfigError,
@@ -31,8 +31,6 @@ from hicache.domain import (
 )
 from hicache.domain.geometry import BufferSpec
 
-_DEVICE_RE = re.compile(r"^(cpu|cuda|rocm)(?::(\d+))?$")
-
 
 def parse_torch_device(device: str | torch.device) -> torch.device:
     """``device`` as a torch.device; a GPU device raises DeviceError unless one is usable."""
@@ -42,10 +40,7 @@ def parse_torch_device(device: str | torch.device) -> torch.device:
         text = device.strip().lower()
     else:
         raise ConfigError(f"device must be 'cpu', 'cuda[:N]' or 'rocm[:N]', got {device!r}")
-    m = _DEVICE_RE.match(text)
-    if m is None:
-        raise ConfigError(f"unknown device {device!r}: expected cpu, cuda[:N] or rocm[:N]")
-    kind, index = m.group(1), m.group(2)
+    kind, index = parse_device_name(text)
     if kind == "cpu":
         return torch.device("cpu")
     if kind == "rocm" and torch.version.hip is None:
@@ -58,7 +53,7 @@ def parse_torch_device(device: str | torch.device) -> torch.device:
             f"device {device!r} asks for a GPU, but torch {torch.__version__} sees none "
             f"(torch.cuda.is_available() is False)"
         )
-    idx = int(index) if index is not None else torch.cuda.current_device()
+    idx = index if index is not None else torch.cuda.current_device()
     count = torch.cuda.device_count()
     if not 0 <= idx < count:
         raise DeviceError(f"device {device!r}: GPU index {idx} out of range (0..{count - 1})")

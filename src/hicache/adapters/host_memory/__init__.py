@@ -9,8 +9,7 @@
 
 from __future__ import annotations
 
-import re
-
+from hicache.adapters.devices import parse_device_name
 from hicache.adapters.host_memory.anonymous import AnonymousRegion
 from hicache.adapters.host_memory.base import HostRegion, check_nbytes
 from hicache.adapters.host_memory.pinned import (
@@ -33,16 +32,11 @@ from hicache.adapters.host_memory.store import (
 from hicache.domain import ConfigError, HostMemory, Pinning
 from hicache.domain.host_memory import ANONYMOUS, SHM
 
-_DEVICE_RE = re.compile(r"^(cpu|cuda|rocm)(?::(\d+))?$")
-
 
 def parse_device(device: str) -> tuple[bool, int | None]:
     """``device`` ("cpu", "cuda", "cuda:1", "rocm:0") as (is a GPU, device index or None)."""
-    m = _DEVICE_RE.match(device) if isinstance(device, str) else None
-    if m is None:
-        raise ConfigError(f"unknown device {device!r}: expected cpu, cuda[:N] or rocm[:N]")
-    index = int(m.group(2)) if m.group(2) is not None else None
-    return m.group(1) != "cpu", index
+    kind, index = parse_device_name(device)
+    return kind != "cpu", index
 
 
 def should_pin(pinning: Pinning, device: str) -> bool:

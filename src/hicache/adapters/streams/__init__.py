@@ -12,33 +12,26 @@
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
+from hicache.adapters.devices import parse_device_name
 from hicache.adapters.streams.cpu import CpuEvent, CpuStreams
-from hicache.domain.errors import ConfigError
 from hicache.domain.ports import Streams
 
 if TYPE_CHECKING:
     from hicache.adapters.streams.cuda import CudaEvent, CudaStreams
 
-_DEVICE_RE = re.compile(r"^(cpu|cuda|rocm)(?::(\d+))?$")
-
 
 def open_streams(device: str = "cpu") -> Streams:
     """CPU streams for "cpu"; CUDA streams for "cuda[:N]" or "rocm[:N]" (ROCm is torch.cuda)."""
-    m = _DEVICE_RE.match(device.strip().lower()) if isinstance(device, str) else None
-    if m is None:
-        raise ConfigError(
-            f"unknown device {device!r} for copy streams: expected cpu, cuda[:N] or rocm[:N]"
-        )
-    if m.group(1) == "cpu":
+    kind, index = parse_device_name(device)
+    if kind == "cpu":
         return CpuStreams()
     from hicache.adapters.streams.cuda import CudaStreams
 
-    return CudaStreams(f"cuda:{m.group(2)}" if m.group(2) is not None else "cuda")
+    return CudaStreams(f"cuda:{index}" if index is not None else "cuda")
 
 
 class SyntheticCompute:
@@ -53,12 +46,10 @@ class SyntheticCompute:
     def __init__(self, device: str = "cpu") -> None:
         import torch
 
-        m = _DEVICE_RE.match(device.strip().lower()) if isinstance(device, str) else None
-        if m is None:
-            raise ConfigError(f"unknown device {device!r}: expected cpu, cuda[:N] or rocm[:N]")
+        name, index = parse_device_name(device)
         self._torch = torch
-        kind = "cpu" if m.group(1) == "cpu" else "cuda"
-        self.device = torch.device(kind if m.group(2) is None else f"{kind}:{m.group(2)}")
+        kind = "cpu" if name == "cpu" else "cuda"
+        self.device = torch.device(kind if index is None else f"{kind}:{index}")
         self.gpu = kind == "cuda"
         self.n = 0
         self._a: Any = None
