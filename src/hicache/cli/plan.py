@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from hicache.bootstrap import load_model_spec, storage_settings
+from hicache.cli._format import human_bytes
 from hicache.domain import (
     BudgetSizing,
     ConfigError,
@@ -176,15 +177,6 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
     )
 
 
-def _human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
 def render_table(plan: HostGroupPlan) -> str:
     doc = plan.as_json()
     head = (
@@ -214,7 +206,7 @@ def render_table(plan: HostGroupPlan) -> str:
             str(p["bytes_per_unit_per_layer"]),
             str(p["page_size"]),
             str(p["capacity"]),
-            _human_bytes(p["bytes"]),
+            human_bytes(p["bytes"]),
             p["layout"],
         )
         for p in doc["pools"]
@@ -226,7 +218,7 @@ def render_table(plan: HostGroupPlan) -> str:
     )
     lines.append("")
     lines.append(
-        f"total host bytes: {doc['host_bytes_total']} ({_human_bytes(doc['host_bytes_total'])})"
+        f"total host bytes: {doc['host_bytes_total']} ({human_bytes(doc['host_bytes_total'])})"
     )
     return "\n".join(lines)
 

@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+from hicache.cli._format import human_bytes
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -33,15 +35,6 @@ def register(sub: Any) -> None:
     gc.set_defaults(handler=run_gc)
 
 
-def _human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
 def run_list(args: argparse.Namespace) -> int:
     from hicache.adapters.host_memory import list_segments
 
@@ -57,7 +50,7 @@ def run_list(args: argparse.Namespace) -> int:
     lines = [f"{'name':<{width}}  {'owner':>8}  {'state':<5}  {'size':>12}  bytes"]
     lines += [
         f"{s.name:<{width}}  {s.owner_pid:>8}  {'alive' if s.alive else 'dead':<5}  "
-        f"{_human_bytes(s.size):>12}  {s.size}"
+        f"{human_bytes(s.size):>12}  {s.size}"
         for s in segments
     ]
     dead = sum(not s.alive for s in segments)

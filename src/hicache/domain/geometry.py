@@ -19,6 +19,7 @@ import attrs
 
 from hicache.domain.dtypes import DType
 from hicache.domain.errors import ConfigError
+from hicache.domain.validators import optional_positive_int, positive_int
 
 
 class Unit(enum.Enum):
@@ -36,18 +37,6 @@ def _state_tensors(value: object) -> tuple[StateTensor, ...]:
     if not isinstance(value, (tuple, list)):
         raise ConfigError(f"state tensors must be a sequence, got {value!r}")
     return tuple(value)
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
-
-
-def _optional_positive(
-    _inst: object, attribute: attrs.Attribute[int | None], value: int | None
-) -> None:
-    if value is not None:
-        _positive(_inst, attribute, value)  # type: ignore[arg-type]
 
 
 def _shape(
@@ -101,9 +90,9 @@ def _sum_bytes(buffers: tuple[BufferSpec, ...]) -> int:
 class KVGeometry:
     """Full-attention (or sliding-window) MHA/GQA: K and V per token, per rank."""
 
-    kv_heads: int = attrs.field(validator=_positive)
-    head_dim: int = attrs.field(validator=_positive)
-    v_head_dim: int | None = attrs.field(default=None, validator=_optional_positive)
+    kv_heads: int = attrs.field(validator=positive_int)
+    head_dim: int = attrs.field(validator=positive_int)
+    v_head_dim: int | None = attrs.field(default=None, validator=optional_positive_int)
     dtype: DType = DType.BF16
 
     kind = "mha"
@@ -133,10 +122,10 @@ class MLAGeometry:
     their scales); by default the row is ``kv_lora_rank + qk_rope_head_dim`` elements.
     """
 
-    kv_lora_rank: int = attrs.field(validator=_positive)
-    qk_rope_head_dim: int = attrs.field(validator=_positive)
+    kv_lora_rank: int = attrs.field(validator=positive_int)
+    qk_rope_head_dim: int = attrs.field(validator=positive_int)
     dtype: DType = DType.BF16
-    row_width: int | None = attrs.field(default=None, validator=_optional_positive)
+    row_width: int | None = attrs.field(default=None, validator=optional_positive_int)
 
     kind = "mla"
     unit = Unit.TOKEN
@@ -165,10 +154,10 @@ class IndexerGeometry:
     ``scale_block`` elements, stored as bytes: ``heads x (head_dim + ceil(head_dim/block) x 4)``.
     """
 
-    heads: int = attrs.field(validator=_positive)
-    head_dim: int = attrs.field(validator=_positive)
+    heads: int = attrs.field(validator=positive_int)
+    head_dim: int = attrs.field(validator=positive_int)
     dtype: DType = DType.BF16
-    scale_block: int | None = attrs.field(default=None, validator=_optional_positive)
+    scale_block: int | None = attrs.field(default=None, validator=optional_positive_int)
 
     kind = "indexer"
     unit = Unit.TOKEN

@@ -29,6 +29,7 @@ from hicache.domain.geometry import (
     gated_deltanet_state,
     mamba2_state,
 )
+from hicache.domain.validators import optional_positive_int, positive_int
 
 
 class LayerKind(enum.Enum):
@@ -49,32 +50,22 @@ def _kinds(value: object) -> tuple[LayerKind, ...]:
     return tuple(value)
 
 
-def _pos(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
-
-
-def _opt_pos(_inst: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-    if value is not None:
-        _pos(_inst, attribute, value)  # type: ignore[arg-type]
-
-
 @attrs.frozen(kw_only=True)
 class AttentionSpec:
     """MHA/GQA attention: total KV heads (before TP) and head dims."""
 
-    kv_heads: int = attrs.field(validator=_pos)
-    head_dim: int = attrs.field(validator=_pos)
-    v_head_dim: int | None = attrs.field(default=None, validator=_opt_pos)
+    kv_heads: int = attrs.field(validator=positive_int)
+    head_dim: int = attrs.field(validator=positive_int)
+    v_head_dim: int | None = attrs.field(default=None, validator=optional_positive_int)
 
 
 @attrs.frozen(kw_only=True)
 class MLASpec:
     """Multi-head latent attention: one replicated latent row per token."""
 
-    kv_lora_rank: int = attrs.field(validator=_pos)
-    qk_rope_head_dim: int = attrs.field(validator=_pos)
-    row_width: int | None = attrs.field(default=None, validator=_opt_pos)
+    kv_lora_rank: int = attrs.field(validator=positive_int)
+    qk_rope_head_dim: int = attrs.field(validator=positive_int)
+    row_width: int | None = attrs.field(default=None, validator=optional_positive_int)
 
 
 @attrs.frozen(kw_only=True)
@@ -85,28 +76,28 @@ class IndexerSpec:
     ``dtype`` None means the KV dtype. ``scale_block`` set means fp8 with float32 block scales.
     """
 
-    heads: int = attrs.field(validator=_pos)
-    head_dim: int = attrs.field(validator=_pos)
+    heads: int = attrs.field(validator=positive_int)
+    head_dim: int = attrs.field(validator=positive_int)
     dtype: DType | None = None
-    scale_block: int | None = attrs.field(default=None, validator=_opt_pos)
+    scale_block: int | None = attrs.field(default=None, validator=optional_positive_int)
 
 
 @attrs.frozen(kw_only=True)
 class Mamba2Spec:
-    heads: int = attrs.field(validator=_pos)
-    head_dim: int = attrs.field(validator=_pos)
-    state_size: int = attrs.field(validator=_pos)
-    n_groups: int = attrs.field(validator=_pos)
-    conv_kernel: int = attrs.field(validator=_pos)
+    heads: int = attrs.field(validator=positive_int)
+    head_dim: int = attrs.field(validator=positive_int)
+    state_size: int = attrs.field(validator=positive_int)
+    n_groups: int = attrs.field(validator=positive_int)
+    conv_kernel: int = attrs.field(validator=positive_int)
 
 
 @attrs.frozen(kw_only=True)
 class GatedDeltaNetSpec:
-    key_heads: int = attrs.field(validator=_pos)
-    value_heads: int = attrs.field(validator=_pos)
-    key_dim: int = attrs.field(validator=_pos)
-    value_dim: int = attrs.field(validator=_pos)
-    conv_kernel: int = attrs.field(validator=_pos)
+    key_heads: int = attrs.field(validator=positive_int)
+    value_heads: int = attrs.field(validator=positive_int)
+    key_dim: int = attrs.field(validator=positive_int)
+    value_dim: int = attrs.field(validator=positive_int)
+    conv_kernel: int = attrs.field(validator=positive_int)
 
 
 StateSpec = Mamba2Spec | GatedDeltaNetSpec
@@ -147,7 +138,7 @@ class ModelSpec:
     model_type: str
     layer_kinds: tuple[LayerKind, ...] = attrs.field(converter=_kinds)
     attention: AttentionSpec | MLASpec | None = None
-    sliding_window: int | None = attrs.field(default=None, validator=_opt_pos)
+    sliding_window: int | None = attrs.field(default=None, validator=optional_positive_int)
     sliding_attention: AttentionSpec | None = None
     indexer: IndexerSpec | None = None
     state: StateSpec | None = None

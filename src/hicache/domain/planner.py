@@ -30,6 +30,7 @@ from hicache.domain.sizing import (
     ratio_capacity,
     split_budget,
 )
+from hicache.domain.validators import optional_positive_int, positive_int
 
 
 class Archetype(enum.Enum):
@@ -39,11 +40,6 @@ class Archetype(enum.Enum):
     KV_STATE = "kv_state"
     KV_SWA_STATE = "kv_swa_state"
     KV_INDEXER = "kv_indexer"
-
-
-def _pos(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
 def _layouts(value: Mapping[PoolName, Layout] | Mapping[str, str]) -> dict[PoolName, Layout]:
@@ -66,27 +62,21 @@ def _pinning(value: bool | str | Pinning | None) -> Pinning:
 class PlanSettings:
     """Everything the planner needs besides the model. Defaults match `hicache plan`."""
 
-    tp_size: int = attrs.field(default=1, validator=_pos)
-    pp_size: int = attrs.field(default=1, validator=_pos)
+    tp_size: int = attrs.field(default=1, validator=positive_int)
+    pp_size: int = attrs.field(default=1, validator=positive_int)
     pp_rank: int = 0
-    page_size: int = attrs.field(default=64, validator=_pos)
+    page_size: int = attrs.field(default=64, validator=positive_int)
     layout: Layout = attrs.field(default=Layout.PAGE_FIRST, converter=_layout)
     pool_layouts: Mapping[PoolName, Layout] = attrs.field(factory=dict, converter=_layouts)
     sizing: Sizing = attrs.field(factory=RatioSizing)
     capacity_overrides: Mapping[PoolName, int] = attrs.field(factory=dict, converter=_overrides)
-    device_tokens: int = attrs.field(default=65536, validator=_pos)
-    device_slots: int = attrs.field(default=256, validator=_pos)
-    swa_tokens: int | None = None
+    device_tokens: int = attrs.field(default=65536, validator=positive_int)
+    device_slots: int = attrs.field(default=256, validator=positive_int)
+    swa_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
     storage: StorageSettings = attrs.field(factory=StorageSettings)
     kv_dtype: DType | None = None
     ssm_dtype: DType = DType.FP32
     pinned: Pinning = attrs.field(default=Pinning.AUTO, converter=_pinning)
-
-    def __attrs_post_init__(self) -> None:
-        if self.swa_tokens is not None and (
-            not isinstance(self.swa_tokens, int) or self.swa_tokens <= 0
-        ):
-            raise ConfigError(f"swa_tokens must be a positive integer, got {self.swa_tokens!r}")
 
     def layout_of(self, pool: PoolName) -> Layout:
         return self.pool_layouts.get(pool, self.layout)

@@ -25,6 +25,7 @@ from hicache.domain.errors import AllocatorMismatchError, ConfigError, GroupErro
 from hicache.domain.geometry import AnyGeometry, Unit
 from hicache.domain.host_memory import HostMemory
 from hicache.domain.layouts import Layout, check_layout, host_buffer_shape
+from hicache.domain.validators import nonneg_int, positive_int
 
 
 class PoolName(enum.Enum):
@@ -63,16 +64,6 @@ def _pool_tuple(value: object) -> tuple[PoolPlan, ...]:
     return tuple(value)
 
 
-def _nonneg(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{attribute.name} must be a non-negative integer, got {value!r}")
-
-
-def _pos(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class PoolPlan:
     """One host pool: what it stores per unit, for which layers, in which layout, how many units."""
@@ -82,8 +73,8 @@ class PoolPlan:
     geometry: AnyGeometry
     binding: LayerBinding
     layout: Layout
-    page_size: int = attrs.field(validator=_pos)
-    capacity: int = attrs.field(validator=_nonneg)
+    page_size: int = attrs.field(validator=positive_int)
+    capacity: int = attrs.field(validator=nonneg_int)
     hit_policy: HitPolicy = HitPolicy.ALL_PAGES
     device_capacity: int | None = None
 

@@ -15,7 +15,7 @@ import mmap
 
 import torch
 
-from hicache.adapters.host_memory.base import HostRegion, check_nbytes
+from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes
 from hicache.domain import ConfigError, HostMemoryError, MemoryKind
 
 PAGE_BYTES = mmap.PAGESIZE
@@ -61,7 +61,7 @@ def _madvise(mapping: mmap.mmap, advice: int) -> OSError | None:
     return None
 
 
-class AnonymousRegion(HostRegion):
+class AnonymousRegion(ViewedRegion):
     """Private anonymous memory of exactly ``nbytes``, pre-faulted, optionally on huge pages."""
 
     def __init__(self, nbytes: int, *, huge_pages: bool = False) -> None:
@@ -91,32 +91,14 @@ class AnonymousRegion(HostRegion):
         self.nbytes = nbytes
         self.huge_pages = huge_pages
         self._mmap: mmap.mmap | None = mapping
-        self._tensor: torch.Tensor | None = view
+        self._tensor = view
         self._address = int(view.data_ptr())
+        self._label = "anonymous host region"
 
     @classmethod
     def allocate(cls, nbytes: int, *, huge_pages: bool = False) -> AnonymousRegion:
         """Map and pre-fault ``nbytes`` of private memory (transparent huge pages if asked)."""
         return cls(nbytes, huge_pages=huge_pages)
-
-    @property
-    def address(self) -> int:
-        if self._tensor is None:
-            raise HostMemoryError("anonymous host region is closed: it has no address")
-        return self._address
-
-    @property
-    def pinned(self) -> bool:
-        return False
-
-    def tensor(self) -> torch.Tensor:
-        if self._tensor is None:
-            raise HostMemoryError("anonymous host region is closed")
-        return self._tensor
-
-    @property
-    def closed(self) -> bool:
-        return self._tensor is None
 
     def close(self) -> None:
         # Drop our references only: torch.frombuffer does not hold a buffer export, so an

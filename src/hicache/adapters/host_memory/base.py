@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 
-from hicache.domain import ConfigError, MemoryKind
+from hicache.domain import ConfigError, HostMemoryError, MemoryKind
 
 
 def check_nbytes(nbytes: object, what: str = "host region size") -> int:
@@ -74,3 +74,34 @@ class HostRegion(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class ViewedRegion(HostRegion):
+    """A region whose bytes one tensor views: the accessors every unpinned kind shares.
+
+    Subclasses set ``_tensor`` (None once closed), ``_address`` and ``_label`` (how error
+    messages name the region) and implement ``close``.
+    """
+
+    _tensor: torch.Tensor | None
+    _address: int
+    _label: str
+
+    @property
+    def address(self) -> int:
+        if self._tensor is None:
+            raise HostMemoryError(f"{self._label} is closed: it has no address")
+        return self._address
+
+    @property
+    def pinned(self) -> bool:
+        return False
+
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            raise HostMemoryError(f"{self._label} is closed")
+        return self._tensor
+
+    @property
+    def closed(self) -> bool:
+        return self._tensor is None

@@ -34,7 +34,7 @@ import attrs
 import torch
 
 from hicache.adapters.host_memory.anonymous import prefault
-from hicache.adapters.host_memory.base import HostRegion, check_nbytes
+from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes
 from hicache.domain import ConfigError, HiCacheError, HostMemoryError, MemoryKind
 
 SHM_DIR = Path("/dev/shm")
@@ -183,7 +183,7 @@ def _release_owned(path: Path, fd: int, owner_pid: int) -> None:
         os.close(fd)
 
 
-class ShmRegion(HostRegion):
+class ShmRegion(ViewedRegion):
     """A named POSIX shared-memory segment mapped MAP_SHARED; see the module docstring."""
 
     def __init__(
@@ -197,8 +197,9 @@ class ShmRegion(HostRegion):
         self.owner = owner_fd is not None
         self.owner_pid = int(parse_segment_name(name) or 0)
         self._mmap: mmap.mmap | None = mapping
-        self._tensor: torch.Tensor | None = view
+        self._tensor = view
         self._address = int(view.data_ptr())
+        self._label = f"shared-memory region {name}"
         self._finalizer: weakref.finalize[Any, Any] | None = None
         if owner_fd is not None:
             self._finalizer = weakref.finalize(
@@ -300,25 +301,6 @@ class ShmRegion(HostRegion):
     @property
     def shm_name(self) -> str:
         return self.name
-
-    @property
-    def address(self) -> int:
-        if self._tensor is None:
-            raise HostMemoryError(f"shared-memory region {self.name} is closed: it has no address")
-        return self._address
-
-    @property
-    def pinned(self) -> bool:
-        return False
-
-    def tensor(self) -> torch.Tensor:
-        if self._tensor is None:
-            raise HostMemoryError(f"shared-memory region {self.name} is closed")
-        return self._tensor
-
-    @property
-    def closed(self) -> bool:
-        return self._tensor is None
 
     def close(self) -> None:
         """Unmap (once no view is left); the owner also removes the segment. Idempotent."""

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from hicache.adapters.host_memory.base import HostRegion, check_nbytes
+from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes
 from hicache.domain import ConfigError, HiCacheError, HostMemoryError, MemoryKind
 from hicache.domain.host_memory import STORE_PREFIX
 
@@ -104,7 +104,7 @@ def store_provider(store: str) -> StoreMemoryProvider:
     return _registry.get(store)
 
 
-class StoreRegion(HostRegion):
+class StoreRegion(ViewedRegion):
     """Exactly ``nbytes`` of a buffer a store handed over; close() hands it back."""
 
     def __init__(
@@ -116,8 +116,9 @@ class StoreRegion(HostRegion):
         self.nbytes = int(view.numel())
         self._provider = provider
         self._buffer: StoreBuffer | None = buffer
-        self._tensor: torch.Tensor | None = view
+        self._tensor = view
         self._address = int(view.data_ptr())
+        self._label = f"store:{store} host region"
 
     @classmethod
     def allocate(cls, store: str, nbytes: int) -> StoreRegion:
@@ -139,21 +140,6 @@ class StoreRegion(HostRegion):
             provider.release(buffer)
             raise
         return cls(store, provider, buffer, view)
-
-    @property
-    def address(self) -> int:
-        if self._tensor is None:
-            raise HostMemoryError(f"store:{self.store} host region is closed: it has no address")
-        return self._address
-
-    @property
-    def pinned(self) -> bool:
-        return False
-
-    def tensor(self) -> torch.Tensor:
-        if self._tensor is None:
-            raise HostMemoryError(f"store:{self.store} host region is closed")
-        return self._tensor
 
     @property
     def closed(self) -> bool:
