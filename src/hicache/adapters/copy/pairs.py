@@ -204,7 +204,7 @@ class PageSet:
         self._lock = threading.Lock()
         self._runs: tuple[I64, I64, I64] | None = None
         self._run_lists: tuple[list[int], list[int], list[int]] | None = None
-        self._tensors: dict[tuple[str, str], torch.Tensor] = {}
+        self._tensors: dict[str, torch.Tensor] = {}
         self._offsets: dict[int, tuple[I64, I64, I64 | None]] = {}
 
     def describe(self) -> str:
@@ -225,15 +225,13 @@ class PageSet:
             self._runs = runs
         return runs
 
-    def tensor(self, side: str, device: torch.device | None = None) -> torch.Tensor:
-        """The host or device page ids as an int64 tensor on ``device`` (default: CPU)."""
-        key = (side, str(device))
-        found = self._tensors.get(key)
+    def tensor(self, side: str) -> torch.Tensor:
+        """The host or device page ids as an int64 CPU tensor (shares the numpy ids)."""
+        found = self._tensors.get(side)
         if found is None:
-            ids = torch.from_numpy(self.host if side == "host" else self.device)
-            found = ids if device is None else ids.to(device)
+            found = torch.from_numpy(self.host if side == "host" else self.device)
             with self._lock:
-                self._tensors[key] = found
+                self._tensors[side] = found
         return found
 
     def run_lists(self) -> tuple[list[int], list[int], list[int]]:

@@ -5,12 +5,12 @@
     in one ``torch._foreach_copy_`` (CPU) or as ``copy_(non_blocking=True)`` between pinned host
     views and device tensors (GPU); an all-layer backup of a device pool whose layers share one
     allocation copies each run as one strided slab moving every layer at once;
-  * staged: when runs are short (under RUN_BYTES_DIRECT bytes on average), a gather and a
-    scatter with index_select(out=) / index_copy_ through a staging buffer that is allocated
-    once and grown, never per call: a constant number of calls per layer whatever the number
-    of pages. On a GPU the host side of the staging is pinned; a load waits (on the host) for
-    the previous load's staging to be consumed, a backup waits for its own device-to-host copy
-    before scattering on the host.
+  * staged (CPU only): when runs are short (under RUN_BYTES_DIRECT bytes on average), a gather
+    and a scatter with index_select(out=) / index_copy_ through a staging buffer that is
+    allocated once and grown, never per call: a constant number of calls per layer whatever the
+    number of pages. On a GPU every call takes the runs path: a staged copy there would have to
+    wait on the host (for the staging to drain, or for the bytes to arrive before scattering),
+    and copies are issued from the engine's event-loop thread, which must never block.
 
 Each instance keeps one staging per direction: run at most one load and one backup at a time
 per instance (the engine has one copy worker per direction).
@@ -39,31 +39,28 @@ class TorchBackend(Backend):
         super().__init__(pair)
         self.device = pair.device_pool.device
         self.on_cpu = self.device.type == "cpu"
-        self._staging: dict[tuple[str, str, bool], torch.Tensor] = {}
-        self._load_done: dict[str, torch.cuda.Event] = {}
+        self._staging: dict[tuple[str, str], torch.Tensor] = {}
 
     # -- path choice --------------------------------------------------------------------------
 
-    @staticmethod
-    def _direct(bp: BufferPair, pages: PageSet) -> bool:
+    def _direct(self, bp: BufferPair, pages: PageSet) -> bool:
+        if not self.on_cpu:
+            return True  # never a host-side wait on a GPU (see the module docstring)
         runs = len(pages.runs()[0])
         return pages.count * bp.page_bytes >= RUN_BYTES_DIRECT * runs
 
     def _indices(self, pages: PageSet) -> tuple[torch.Tensor, torch.Tensor]:
-        """(host page ids on CPU, device page ids on the device) as int64 tensors."""
-        return pages.tensor("host"), pages.tensor("device", None if self.on_cpu else self.device)
+        """(host page ids, device page ids) as int64 CPU tensors, for the staged path."""
+        return pages.tensor("host"), pages.tensor("device")
 
-    def _stage(self, direction: str, bp: BufferPair, n: int, *, host_side: bool) -> torch.Tensor:
-        """A (n, P, *row) staging view, on the host (pinned on a GPU) or on the device."""
-        key = (direction, bp.name, host_side)
+    def _stage(self, direction: str, bp: BufferPair, n: int) -> torch.Tensor:
+        """A (n, P, *row) host staging view, grown when needed, never allocated per call."""
+        key = (direction, bp.name)
         need = n * bp.page_bytes
         buf = self._staging.get(key)
         if buf is None or buf.numel() < need:
             size = max(need, 0 if buf is None else buf.numel() * 3 // 2)
-            if host_side:
-                buf = torch.empty(size, dtype=torch.uint8, pin_memory=not self.on_cpu)
-            else:
-                buf = torch.empty(size, dtype=torch.uint8, device=self.device)
+            buf = torch.empty(size, dtype=torch.uint8)
             buf.fill_(0)  # fault it in now, not during a copy
             self._staging[key] = buf
         shape = (n, *bp.device[0].shape[1:])
@@ -86,23 +83,9 @@ class TorchBackend(Backend):
 
     def _load_staged(self, bp: BufferPair, layer: int, pages: PageSet) -> None:
         hidx, didx = self._indices(pages)
-        n = pages.count
-        if self.on_cpu:
-            stage = self._stage("load", bp, n, host_side=True)
-            torch.index_select(bp.host[layer], 0, hidx, out=stage)
-            bp.device[layer].index_copy_(0, didx, stage)
-            return
-        done = self._load_done.get(bp.name)
-        if done is not None:
-            done.synchronize()  # the previous load's copy out of the pinned staging is over
-        pinned = self._stage("load", bp, n, host_side=True)
-        torch.index_select(bp.host[layer], 0, hidx, out=pinned)
-        on_dev = self._stage("load", bp, n, host_side=False)
-        on_dev.copy_(pinned, non_blocking=True)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(torch.cuda.current_stream(self.device))
-        self._load_done[bp.name] = event
-        bp.device[layer].index_copy_(0, didx, on_dev)
+        stage = self._stage("load", bp, pages.count)
+        torch.index_select(bp.host[layer], 0, hidx, out=stage)
+        bp.device[layer].index_copy_(0, didx, stage)
 
     # -- backup -------------------------------------------------------------------------------
 
@@ -129,18 +112,9 @@ class TorchBackend(Backend):
 
     def _backup_staged(self, bp: BufferPair, layer: int, pages: PageSet) -> None:
         hidx, didx = self._indices(pages)
-        n = pages.count
-        if self.on_cpu:
-            stage = self._stage("backup", bp, n, host_side=True)
-            torch.index_select(bp.device[layer], 0, didx, out=stage)
-            bp.host[layer].index_copy_(0, hidx, stage)
-            return
-        on_dev = self._stage("backup", bp, n, host_side=False)
-        torch.index_select(bp.device[layer], 0, didx, out=on_dev)
-        pinned = self._stage("backup", bp, n, host_side=True)
-        pinned.copy_(on_dev, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()  # the bytes must be on the host
-        bp.host[layer].index_copy_(0, hidx, pinned)
+        stage = self._stage("backup", bp, pages.count)
+        torch.index_select(bp.device[layer], 0, didx, out=stage)
+        bp.host[layer].index_copy_(0, hidx, stage)
 
     # -- issuing ------------------------------------------------------------------------------
 
