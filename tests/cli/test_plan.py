@@ -140,10 +140,10 @@ def test_parallelism_page_size_and_layouts(capsys: pytest.CaptureFixture[str]) -
 
 def test_sizing_flags(capsys: pytest.CaptureFixture[str]) -> None:
     doc = plan_json(
-        capsys, "--model", QWEN3_NEXT, "--device-tokens", "1000", "--device-slots", "10"
+        capsys, "--model", QWEN3_NEXT, "--device-tokens", "1024", "--device-slots", "10"
     )
-    # floor(1000 x 2 / 64) = 31 pages; 10 x 2 slots
-    assert (pools(doc)["kv"]["capacity"], pools(doc)["mamba"]["capacity"]) == (1984, 20)
+    # 1024 x 2 / 64 = 32 pages; 10 x 2 slots
+    assert (pools(doc)["kv"]["capacity"], pools(doc)["mamba"]["capacity"]) == (2048, 20)
     doc = plan_json(capsys, "--model", LLAMA, "--host-ratio", "0.5")
     assert pools(doc)["kv"]["capacity"] == 32768
     doc = plan_json(capsys, "--model", QWEN3_NEXT, "--host-size", "20GiB")
@@ -267,7 +267,8 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "bad capacity": ([*m, "--capacity", "kv=lots"], "whole number of units, got 'lots'"),
         "capacity not pages": ([*m, "--capacity", "kv=100"], "whole number of pages of 64"),
         "capacity unknown pool": ([*m, "--capacity", "swa=64"], "which this plan does not have"),
-        "tiny device": ([*m, "--device-tokens", "16"], "less than one page of 64"),
+        "tiny device": ([*m, "--device-tokens", "16"], "device_tokens=16 is not a whole number of pages of 64 tokens; use 64"),
+        "partial page": ([*m, "--device-tokens", "1000"], "use 960 or 1024"),
         "host too small": ([*m, "--host-available", "20GiB"], "only 10737418240 B are usable"),
     }
 

@@ -161,7 +161,7 @@ def expected_document(name: str, tp: int) -> dict[str, Any]:
         "model_type": exp["model_type"],
         "tp_size": tp,
         "page_size": 64,
-        "layout": "page_first",
+        "layout": "page_first_direct",
         "transfer_layers": exp["transfer_layers"],
         "host_memory": {"kind": "anonymous", "pinned": "auto"},
         "host_bytes_total": sum(
@@ -181,8 +181,10 @@ def actual_document(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_every_fixture_is_covered(fixtures_dir: Path) -> None:
+    from tests.domain.test_hybrid_plans import HYBRID_FIXTURES
+
     names = {p.stem for p in fixtures_dir.glob("*.json")}
-    assert names == {name for name, _ in EXPECTED}
+    assert names == {name for name, _ in EXPECTED} | set(HYBRID_FIXTURES)
 
 
 @pytest.mark.parametrize(("name", "tp"), sorted(EXPECTED))
@@ -194,7 +196,7 @@ def test_fixture_plan(fixtures_dir: Path, name: str, tp: int) -> None:
     for p in doc["pools"]:
         assert p["bytes"] == p["bytes_per_unit_per_layer"] * p["layers"] * p["capacity"]
         assert p["host_memory"] == doc["host_memory"]
-        assert p["layout"] == "page_first"
+        assert p["layout"] == "page_first_direct"
 
 
 def test_qwen3_next_full_attention_transfer_layers(fixtures_dir: Path) -> None:

@@ -139,11 +139,25 @@ def test_every_supported_type_is_listed() -> None:
         "deepseek_v2",
         "deepseek_v3",
         "deepseek_v32",
+        "glm_moe_dsa",
         "gpt_oss",
         "gemma3",
         "gemma3_text",
         "qwen3_next",
+        "qwen3_5",
+        "qwen3_5_text",
+        "qwen3_5_moe",
+        "qwen3_5_moe_text",
         "nemotron_h",
+        "minimax_m3_vl",
+        "minimax_m3",
+        "inkling_mm_model",
+        "inkling_model",
+        "inkling_text",
+        "kimi_linear",
+        "falcon_h1",
+        "granitemoehybrid",
+        "mimo_v2",
     }
 
 
@@ -419,8 +433,9 @@ def test_indexer_dtype_defaults_to_the_kv_dtype() -> None:
 
 
 def test_stage_ranges_cover_the_model_once() -> None:
+    # vLLM's get_pp_indices: 61 = 4 x 15 + 1, the extra layer goes to the second-to-last stage
     ranges = [stage_range(61, 4, r) for r in range(4)]
-    assert ranges == [(0, 16), (16, 31), (31, 46), (46, 61)]
+    assert ranges == [(0, 15), (15, 30), (30, 46), (46, 61)]
     assert stage_range(48, 1, 0) == (0, 48)
 
 

@@ -202,14 +202,14 @@ def test_indexer_with_state_is_no_archetype() -> None:
 def test_ratio_capacities_and_device_capacities() -> None:
     plan = plan_stack(
         QWEN35_LIKE,
-        PlanSettings(page_size=16, device_tokens=1000, device_slots=5, swa_tokens=200),
+        PlanSettings(page_size=16, device_tokens=1008, device_slots=5, swa_tokens=208),
     )
-    # floor(1000 x 2 / 16) = 125 pages; floor(200 x 2 / 16) = 25 pages; 5 x 2 slots
-    assert plan.pool("kv").capacity == 2000
-    assert plan.pool("swa").capacity == 400
+    # 1008 x 2 / 16 = 126 pages; 208 x 2 / 16 = 26 pages; 5 x 2 slots
+    assert plan.pool("kv").capacity == 2016
+    assert plan.pool("swa").capacity == 416
     assert plan.pool("mamba").capacity == 10
-    assert plan.pool("kv").device_capacity == 1000
-    assert plan.pool("swa").device_capacity == 200
+    assert plan.pool("kv").device_capacity == 1008
+    assert plan.pool("swa").device_capacity == 208
     assert plan.pool("mamba").device_capacity == 5
     plan3 = plan_stack(QWEN35_LIKE, PlanSettings(page_size=16, sizing=RatioSizing(3.0)))
     assert plan3.pool("kv").capacity == 65536 * 3
@@ -217,7 +217,7 @@ def test_ratio_capacities_and_device_capacities() -> None:
 
 def test_defaults_match_the_command_line() -> None:
     s = PlanSettings()
-    assert (s.tp_size, s.pp_size, s.page_size, s.layout) == (1, 1, 64, Layout.PAGE_FIRST)
+    assert (s.tp_size, s.pp_size, s.page_size, s.layout) == (1, 1, 64, Layout.PAGE_FIRST_DIRECT)
     assert (s.device_tokens, s.device_slots, s.sizing) == (65536, 256, RatioSizing(2.0))
     plan = plan_stack(DENSE)
     assert plan.pool("kv").capacity == 131072

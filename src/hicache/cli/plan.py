@@ -23,6 +23,7 @@ from hicache.domain import (
     parse_size,
     plan_stack,
 )
+from hicache.domain.planner import DEFAULT_LAYOUT
 from hicache.domain.sizing import DEFAULT_RESERVE_BYTES
 
 
@@ -40,11 +41,28 @@ def register(sub: Any) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     p.add_argument("--pp-size", type=int, default=1, help="pipeline-parallel size (default 1)")
     p.add_argument("--pp-rank", type=int, default=0, help="pipeline stage to plan (default 0)")
+    p.add_argument(
+        "--pp-split",
+        default="vllm",
+        help="how --pp-size splits layers: vllm (get_pp_indices, default) or sglang",
+    )
+    p.add_argument(
+        "--pp-start",
+        type=int,
+        default=None,
+        help="first layer of the stage, as the serving engine runs it (with --pp-end)",
+    )
+    p.add_argument(
+        "--pp-end",
+        type=int,
+        default=None,
+        help="one past the stage's last layer, as the serving engine runs it (with --pp-start)",
+    )
     p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
     p.add_argument(
         "--layout",
-        default="page_first",
-        help="host layout: layer_first, page_first, page_first_direct, page_head",
+        default=DEFAULT_LAYOUT.value,
+        help="host layout: layer_first, page_first, page_first_direct (default), page_head",
     )
     p.add_argument(
         "--pool-layout",
@@ -159,6 +177,9 @@ def settings_from_args(args: argparse.Namespace) -> PlanSettings:
         tp_size=args.tp,
         pp_size=args.pp_size,
         pp_rank=args.pp_rank,
+        pp_split=args.pp_split,
+        pp_start=args.pp_start,
+        pp_end=args.pp_end,
         page_size=args.page_size,
         layout=Layout.parse(args.layout),
         pool_layouts={

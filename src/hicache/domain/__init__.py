@@ -34,7 +34,9 @@ from hicache.domain.geometry import (
     StateTensor,
     Unit,
     gated_deltanet_state,
+    kimi_delta_state,
     mamba2_state,
+    short_conv_state,
 )
 from hicache.domain.host_memory import (
     HostMemory,
@@ -46,16 +48,19 @@ from hicache.domain.host_memory import (
 )
 from hicache.domain.layouts import Layout, check_layout, host_buffer_shape
 from hicache.domain.models import (
-    SUPPORTED_MODEL_TYPES,
     AttentionSpec,
+    Cache,
     GatedDeltaNetSpec,
     IndexerSpec,
+    KimiDeltaSpec,
     LayerKind,
     Mamba2Spec,
     MLASpec,
     ModelSpec,
-    stage_range,
+    ShortConvSpec,
 )
+from hicache.domain.readers import SUPPORTED_MODEL_TYPES
+from hicache.domain.stages import PPSplit, stage_range, stage_sizes
 from hicache.domain.planner import Archetype, PlanSettings, archetype_of, plan_stack
 from hicache.domain.pools import (
     HitPolicy,
@@ -76,6 +81,12 @@ from hicache.domain.sizing import (
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
+    "Cache",
+    "KimiDeltaSpec",
+    "PPSplit",
+    "ShortConvSpec",
+    "kimi_delta_state",
+    "short_conv_state",
     "AllocatorMismatchError",
     "Archetype",
     "AttentionSpec",
@@ -139,5 +150,6 @@ __all__ = [
     "split_budget",
     "stage_local",
     "stage_range",
+    "stage_sizes",
     "transfer_layer_count",
 ]

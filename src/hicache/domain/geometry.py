@@ -6,7 +6,8 @@
 - MLAGeometry: one latent row (kv_lora_rank + qk_rope_head_dim, or an overriding width).
 - IndexerGeometry: K-only sparse-attention indexer, plain dtype or fp8 with float32 block scales.
 - StateGeometry: named state tensors (conv states, a temporal state) of Mamba2 / Gated DeltaNet.
-- mamba2_state / gated_deltanet_state: the state geometries of those two recurrent layer kinds.
+- mamba2_state / gated_deltanet_state / kimi_delta_state: recurrent state of those layer kinds.
+- short_conv_state: conv-only state (Inkling's short convolutions), one tensor per stream.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class StateTensor:
 
 @attrs.frozen(kw_only=True)
 class StateGeometry:
-    """Recurrent state (Mamba2, Gated DeltaNet): a list of named tensors per slot per layer."""
+    """Recurrent state: a list of named per-rank tensors (shape, dtype) per slot per layer."""
 
     tensors: tuple[StateTensor, ...] = attrs.field(converter=_state_tensors)
     family: str = "mamba2"
@@ -229,11 +230,17 @@ def mamba2_state(
     conv_kernel: int,
     conv_dtype: DType = DType.BF16,
     ssm_dtype: DType = DType.FP32,
+    intermediate: int | None = None,
 ) -> StateGeometry:
-    """Mamba2 per-rank state: conv (conv_dim, kernel-1) and temporal (heads, head_dim, state)."""
+    """Mamba2 per-rank state: conv (conv_dim, kernel-1) and temporal (heads, head_dim, state).
+
+    conv_dim = intermediate + 2 x n_groups x state_size, all per rank; ``intermediate`` (d_ssm
+    per rank) defaults to heads x head_dim.
+    """
     if conv_kernel < 2:
         raise ConfigError(f"conv_kernel must be at least 2, got {conv_kernel}")
-    conv_dim = heads * head_dim + 2 * n_groups * state_size
+    inner = heads * head_dim if intermediate is None else intermediate
+    conv_dim = inner + 2 * n_groups * state_size
     return StateGeometry(
         tensors=(
             StateTensor("conv", (conv_dim, conv_kernel - 1), conv_dtype),
@@ -263,4 +270,40 @@ def gated_deltanet_state(
             StateTensor("temporal", (value_heads, key_dim, value_dim), ssm_dtype),
         ),
         family="gated_deltanet",
+    )
+
+
+def kimi_delta_state(
+    *,
+    heads: int,
+    head_dim: int,
+    conv_kernel: int,
+    conv_dtype: DType = DType.BF16,
+    ssm_dtype: DType = DType.FP32,
+) -> StateGeometry:
+    """Kimi Delta Attention per-rank state (``heads`` already split over TP).
+
+    conv (kernel-1, q + k + v channels) with the window axis first, as SGLang's
+    KimiLinearStateShape keeps it, and temporal (heads, head_dim, head_dim).
+    """
+    if conv_kernel < 2:
+        raise ConfigError(f"conv_kernel must be at least 2, got {conv_kernel}")
+    return StateGeometry(
+        tensors=(
+            StateTensor("conv", (conv_kernel - 1, 3 * heads * head_dim), conv_dtype),
+            StateTensor("temporal", (heads, head_dim, head_dim), ssm_dtype),
+        ),
+        family="kimi_delta",
+    )
+
+
+def short_conv_state(
+    *, streams: tuple[tuple[str, int], ...], conv_kernel: int, dtype: DType = DType.BF16
+) -> StateGeometry:
+    """Conv-only state: one (kernel-1, channels) tensor per named stream, no temporal state."""
+    if conv_kernel < 2:
+        raise ConfigError(f"conv_kernel must be at least 2, got {conv_kernel}")
+    return StateGeometry(
+        tensors=tuple(StateTensor(name, (conv_kernel - 1, dim), dtype) for name, dim in streams),
+        family="short_conv",
     )

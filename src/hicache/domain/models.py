@@ -1,35 +1,46 @@
-"""Model specs: which layers of a model keep which cache, read from a HuggingFace config.
+"""Model specs: which caches each layer of a model keeps, and their per-rank geometry.
 
-- LayerKind: full attention, sliding attention, linear attention (Gated DeltaNet), Mamba2, none.
-- AttentionSpec / MLASpec / IndexerSpec / Mamba2Spec / GatedDeltaNetSpec: per-model geometry.
-- ModelSpec: the layer kinds plus the specs above; ModelSpec.from_hf_config(d) reads a config dict.
+- LayerKind: a layer's token mixer: full attention, sliding attention, linear attention, Mamba, none.
+- Cache: the caches a layer can hold: full KV, sliding KV, indexer, state. A layer holds a SET.
+- AttentionSpec / MLASpec / IndexerSpec: attention-like geometry (before TP).
+- Mamba2Spec / GatedDeltaNetSpec / KimiDeltaSpec / ShortConvSpec: recurrent state (before TP).
+- ModelSpec: layer kinds, which layers hold an indexer or state, the specs above;
+  ModelSpec.from_hf_config(d) reads a config dict (see readers.py).
 - ModelSpec.rank_geometries(tp, ...): per-rank pool geometries for a tensor-parallel size.
-- stage_range: the [start, end) layer range of a pipeline stage.
+- stage_range: re-exported from stages.py (vLLM's pipeline split by default).
 - SUPPORTED_MODEL_TYPES: what from_hf_config accepts.
 
-A spec can be built in Python for models without a public config (MiniMax-style MHA + K-only
-indexer, Qwen3.5-style KV + SWA + Gated DeltaNet).
+A layer's caches: a full-attention layer holds full KV, a sliding layer sliding KV, a linear or
+Mamba layer state; ``indexer_layers`` (default: every full-attention layer) add an indexer and
+``state_layers`` (default: every linear/Mamba layer) add state, also beside attention (Falcon-H1's
+parallel Mamba heads, Inkling's short convolutions on every layer). A spec part that no layer
+uses is a ConfigError.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from hicache.domain.dtypes import DType
-from hicache.domain.errors import ConfigError, UnsupportedModelError
+from hicache.domain.errors import ConfigError
 from hicache.domain.geometry import (
     IndexerGeometry,
     KVGeometry,
     MLAGeometry,
     StateGeometry,
     gated_deltanet_state,
+    kimi_delta_state,
     mamba2_state,
+    short_conv_state,
 )
+from hicache.domain.stages import stage_range
 from hicache.domain.validators import optional_positive_int, positive_int
+
+__all__ = ["stage_range"]
 
 
 class LayerKind(enum.Enum):
@@ -44,10 +55,30 @@ class LayerKind(enum.Enum):
         return self is not LayerKind.NONE
 
 
+class Cache(enum.Enum):
+    FULL = "full"
+    SLIDING = "sliding"
+    INDEXER = "indexer"
+    STATE = "state"
+
+
 def _kinds(value: object) -> tuple[LayerKind, ...]:
-    if not isinstance(value, (tuple, list)):
+    if not isinstance(value, (tuple, list)) or not all(isinstance(k, LayerKind) for k in value):
         raise ConfigError(f"layer_kinds must be a sequence of LayerKind, got {value!r}")
     return tuple(value)
+
+
+def _layer_ids(value: object) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (tuple, list, range)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    ):
+        raise ConfigError(f"a layer subset must be a sequence of layer ids, got {value!r}")
+    ids = tuple(value)
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"a layer subset names a layer more than once: {list(ids)}")
+    return tuple(sorted(ids))
 
 
 @attrs.frozen(kw_only=True)
@@ -70,10 +101,11 @@ class MLASpec:
 
 @attrs.frozen(kw_only=True)
 class IndexerSpec:
-    """A K-only sparse-attention indexer on every full-attention layer.
+    """A K-only sparse-attention indexer, a sidecar of the full-attention KV pool.
 
-    ``heads`` counts K heads (DeepSeek-V3.2 keeps one K head; its index_n_heads are query heads).
-    ``dtype`` None means the KV dtype. ``scale_block`` set means fp8 with float32 block scales.
+    ``heads`` counts K heads (DeepSeek-V3.2 and MiniMax keep one K head, replicated on every
+    rank). ``dtype`` None means the KV dtype. ``scale_block`` set means fp8 with float32 block
+    scales.
     """
 
     heads: int = attrs.field(validator=positive_int)
@@ -84,11 +116,14 @@ class IndexerSpec:
 
 @attrs.frozen(kw_only=True)
 class Mamba2Spec:
+    """Mamba2 mixer. ``intermediate`` (d_ssm) defaults to heads x head_dim."""
+
     heads: int = attrs.field(validator=positive_int)
     head_dim: int = attrs.field(validator=positive_int)
     state_size: int = attrs.field(validator=positive_int)
     n_groups: int = attrs.field(validator=positive_int)
     conv_kernel: int = attrs.field(validator=positive_int)
+    intermediate: int | None = attrs.field(default=None, validator=optional_positive_int)
 
 
 @attrs.frozen(kw_only=True)
@@ -100,7 +135,30 @@ class GatedDeltaNetSpec:
     conv_kernel: int = attrs.field(validator=positive_int)
 
 
-StateSpec = Mamba2Spec | GatedDeltaNetSpec
+@attrs.frozen(kw_only=True)
+class KimiDeltaSpec:
+    """Kimi Delta Attention: ``heads`` K/V heads of ``head_dim`` and a short convolution."""
+
+    heads: int = attrs.field(validator=positive_int)
+    head_dim: int = attrs.field(validator=positive_int)
+    conv_kernel: int = attrs.field(validator=positive_int)
+
+
+@attrs.frozen(kw_only=True)
+class ShortConvSpec:
+    """Inkling's short convolutions: conv-only state for K and V of full and sliding attention
+    (KV heads x head dim, split over TP or replicated) and the attention and MLP outputs
+    (hidden size, not split), on every layer."""
+
+    kv_heads: int = attrs.field(validator=positive_int)
+    head_dim: int = attrs.field(validator=positive_int)
+    swa_kv_heads: int = attrs.field(validator=positive_int)
+    swa_head_dim: int = attrs.field(validator=positive_int)
+    hidden_size: int = attrs.field(validator=positive_int)
+    conv_kernel: int = attrs.field(validator=positive_int)
+
+
+StateSpec = Mamba2Spec | GatedDeltaNetSpec | KimiDeltaSpec | ShortConvSpec
 
 
 @attrs.frozen(kw_only=True)
@@ -131,6 +189,21 @@ def split_strict(heads: int, tp: int, what: str) -> int:
     return heads // tp
 
 
+def mamba_groups_per_rank(n_groups: int, tp: int) -> int:
+    """Mamba2 groups per rank: split when tp divides them, else padded to tp (one per rank).
+
+    SGLang (configs/mamba_utils.py extra_groups_for_head_shards) adds tp - n_groups groups when
+    tp does not divide n_groups, so each rank keeps one group.
+    """
+    return n_groups // tp if n_groups % tp == 0 else 1
+
+
+_STATE_KINDS = {
+    LayerKind.LINEAR_ATTENTION: (GatedDeltaNetSpec, KimiDeltaSpec),
+    LayerKind.MAMBA: (Mamba2Spec,),
+}
+
+
 @attrs.frozen(kw_only=True)
 class ModelSpec:
     """What a model caches per layer. Build with from_hf_config or directly in Python."""
@@ -141,52 +214,117 @@ class ModelSpec:
     sliding_window: int | None = attrs.field(default=None, validator=optional_positive_int)
     sliding_attention: AttentionSpec | None = None
     indexer: IndexerSpec | None = None
+    indexer_layers: tuple[int, ...] | None = attrs.field(default=None, converter=_layer_ids)
     state: StateSpec | None = None
+    state_layers: tuple[int, ...] | None = attrs.field(default=None, converter=_layer_ids)
     dtype: DType = DType.BF16
+    _caches: tuple[frozenset[Cache], ...] = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
+        name = f"model {self.model_type!r}"
+        n = len(self.layer_kinds)
         kinds = set(self.layer_kinds)
-        if not self.layer_kinds:
-            raise ConfigError(f"model {self.model_type!r} has no layers")
+        if not n:
+            raise ConfigError(f"{name} has no layers")
         attn_kinds = {LayerKind.FULL_ATTENTION, LayerKind.SLIDING_ATTENTION}
         if kinds & attn_kinds and self.attention is None:
-            raise ConfigError(
-                f"model {self.model_type!r} has attention layers but no attention spec"
-            )
-        if LayerKind.SLIDING_ATTENTION in kinds:
+            raise ConfigError(f"{name} has attention layers but no attention spec")
+        if LayerKind.FULL_ATTENTION not in kinds:
+            raise ConfigError(f"{name} has no full-attention layer to anchor a host group")
+        sliding = LayerKind.SLIDING_ATTENTION in kinds
+        if sliding:
             if self.sliding_window is None:
-                raise ConfigError(f"model {self.model_type!r} has sliding layers but no window")
+                raise ConfigError(f"{name} has sliding layers but no window")
             if isinstance(self.attention, MLASpec) and self.sliding_attention is None:
                 raise ConfigError(
-                    f"model {self.model_type!r}: sliding layers need an MHA spec "
-                    f"(sliding_attention) when full attention is MLA"
+                    f"{name}: sliding layers need an MHA spec (sliding_attention) when full "
+                    f"attention is MLA"
                 )
-        state_kinds = {LayerKind.LINEAR_ATTENTION, LayerKind.MAMBA}
-        used_state = kinds & state_kinds
-        if len(used_state) > 1:
-            raise ConfigError(f"model {self.model_type!r} mixes Mamba2 and linear-attention layers")
-        if LayerKind.MAMBA in kinds and not isinstance(self.state, Mamba2Spec):
-            raise ConfigError(f"model {self.model_type!r} has Mamba layers but no Mamba2Spec")
-        if LayerKind.LINEAR_ATTENTION in kinds and not isinstance(self.state, GatedDeltaNetSpec):
+        elif self.sliding_attention is not None or self.sliding_window is not None:
             raise ConfigError(
-                f"model {self.model_type!r} has linear-attention layers but no GatedDeltaNetSpec"
+                f"{name} has a sliding-attention spec or window but no sliding layer uses it"
             )
-        if self.indexer is not None and LayerKind.FULL_ATTENTION not in kinds:
-            raise ConfigError(
-                f"model {self.model_type!r} has an indexer but no full-attention layer"
-            )
-        if LayerKind.FULL_ATTENTION not in kinds:
-            raise ConfigError(
-                f"model {self.model_type!r} has no full-attention layer to anchor a host group"
-            )
+        full = [i for i, k in enumerate(self.layer_kinds) if k is LayerKind.FULL_ATTENTION]
+        for label, ids in (("indexer_layers", self.indexer_layers), ("state_layers", self.state_layers)):
+            bad = [i for i in ids or () if not 0 <= i < n]
+            if bad:
+                raise ConfigError(f"{name}: {label} {bad} are not layers of its {n} layers")
+        # Indexer: a sidecar of the full KV pool, so only on full-attention layers.
+        if self.indexer is None:
+            if self.indexer_layers is not None:
+                raise ConfigError(f"{name} names indexer_layers but has no indexer spec")
+            indexer_ids: tuple[int, ...] = ()
+        else:
+            indexer_ids = tuple(full) if self.indexer_layers is None else self.indexer_layers
+            not_full = [i for i in indexer_ids if self.layer_kinds[i] is not LayerKind.FULL_ATTENTION]
+            if not_full:
+                raise ConfigError(
+                    f"{name}: indexer layers {not_full} are not full-attention layers; an "
+                    f"indexer shares the full-attention KV pool's pages"
+                )
+            if not indexer_ids:
+                raise ConfigError(f"{name} has an indexer spec but no layer holds an indexer")
+        # State: on linear/Mamba layers by default, or on the layers named.
+        state_kinds = kinds & set(_STATE_KINDS)
+        if len(state_kinds) > 1:
+            raise ConfigError(f"{name} mixes Mamba2 and linear-attention layers")
+        for kind in state_kinds:
+            if not isinstance(self.state, _STATE_KINDS[kind]):
+                want = " or ".join(t.__name__ for t in _STATE_KINDS[kind])
+                label = "Mamba" if kind is LayerKind.MAMBA else "linear-attention"
+                got = type(self.state).__name__ if self.state else "none"
+                raise ConfigError(f"{name} has {label} layers but no {want} (state spec: {got})")
+        mixer_state = tuple(i for i, k in enumerate(self.layer_kinds) if k in _STATE_KINDS)
+        if self.state is None:
+            if self.state_layers is not None:
+                raise ConfigError(f"{name} names state_layers but has no state spec")
+            state_ids: tuple[int, ...] = ()
+        else:
+            state_ids = mixer_state if self.state_layers is None else self.state_layers
+            missing = sorted(set(mixer_state) - set(state_ids))
+            if missing:
+                raise ConfigError(f"{name}: state layers {missing} are missing from state_layers")
+            if not state_ids:
+                raise ConfigError(
+                    f"{name} has a state spec ({type(self.state).__name__}) but no layer holds "
+                    f"state; name its layers in state_layers"
+                )
+        caches: list[set[Cache]] = []
+        for k in self.layer_kinds:
+            c: set[Cache] = set()
+            if k is LayerKind.FULL_ATTENTION:
+                c.add(Cache.FULL)
+            elif k is LayerKind.SLIDING_ATTENTION:
+                c.add(Cache.SLIDING)
+            caches.append(c)
+        for i in indexer_ids:
+            caches[i].add(Cache.INDEXER)
+        for i in state_ids:
+            caches[i].add(Cache.STATE)
+        object.__setattr__(self, "_caches", tuple(frozenset(c) for c in caches))
 
     @property
     def num_layers(self) -> int:
         return len(self.layer_kinds)
 
+    @property
+    def layer_caches(self) -> tuple[frozenset[Cache], ...]:
+        """The set of caches each layer holds, in layer order."""
+        return self._caches
+
     def layers_of(self, kind: LayerKind, start: int = 0, end: int | None = None) -> tuple[int, ...]:
         stop = self.num_layers if end is None else end
         return tuple(i for i in range(start, stop) if self.layer_kinds[i] is kind)
+
+    def layers_holding(self, cache: Cache, start: int = 0, end: int | None = None) -> tuple[int, ...]:
+        """Model layer ids in [start, end) that hold ``cache``."""
+        stop = self.num_layers if end is None else end
+        return tuple(i for i in range(start, stop) if cache in self._caches[i])
+
+    def cached_layers(self, start: int = 0, end: int | None = None) -> tuple[int, ...]:
+        """Model layer ids in [start, end) that hold any cache (the stage's transfer layers)."""
+        stop = self.num_layers if end is None else end
+        return tuple(i for i in range(start, stop) if self._caches[i])
 
     def rank_geometries(
         self,
@@ -197,9 +335,10 @@ class ModelSpec:
         conv_dtype: DType | None = None,
     ) -> RankGeometries:
         """Per-rank geometries for ``tp_size`` tensor-parallel ranks."""
-        if not isinstance(tp_size, int) or tp_size < 1:
+        if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
             raise ConfigError(f"tp_size must be a positive integer, got {tp_size!r}")
         kvd = kv_dtype or self.dtype
+        mt = self.model_type
         kv: KVGeometry | MLAGeometry | None = None
         if isinstance(self.attention, MLASpec):
             kv = MLAGeometry(
@@ -210,7 +349,7 @@ class ModelSpec:
             )
         elif isinstance(self.attention, AttentionSpec):
             kv = KVGeometry(
-                kv_heads=split_heads(self.attention.kv_heads, tp_size, f"{self.model_type} KV"),
+                kv_heads=split_heads(self.attention.kv_heads, tp_size, f"{mt} KV"),
                 head_dim=self.attention.head_dim,
                 v_head_dim=self.attention.v_head_dim,
                 dtype=kvd,
@@ -219,317 +358,95 @@ class ModelSpec:
         if LayerKind.SLIDING_ATTENTION in self.layer_kinds:
             sa = self.sliding_attention or self.attention
             if not isinstance(sa, AttentionSpec):  # pragma: no cover - checked in post_init
-                raise ConfigError(f"model {self.model_type!r}: sliding layers need an MHA spec")
+                raise ConfigError(f"model {mt!r}: sliding layers need an MHA spec")
             swa = KVGeometry(
-                kv_heads=split_heads(sa.kv_heads, tp_size, f"{self.model_type} sliding KV"),
+                kv_heads=split_heads(sa.kv_heads, tp_size, f"{mt} sliding KV"),
                 head_dim=sa.head_dim,
                 v_head_dim=sa.v_head_dim,
                 dtype=kvd,
             )
-        state: StateGeometry | None = None
-        cd = conv_dtype or self.dtype
-        if isinstance(self.state, Mamba2Spec):
-            s = self.state
-            state = mamba2_state(
-                heads=split_strict(s.heads, tp_size, f"{self.model_type} Mamba"),
-                head_dim=s.head_dim,
-                state_size=s.state_size,
-                n_groups=split_heads(s.n_groups, tp_size, f"{self.model_type} Mamba groups"),
-                conv_kernel=s.conv_kernel,
-                conv_dtype=cd,
-                ssm_dtype=ssm_dtype,
-            )
-        elif isinstance(self.state, GatedDeltaNetSpec):
-            g = self.state
-            state = gated_deltanet_state(
-                key_heads=split_strict(
-                    g.key_heads, tp_size, f"{self.model_type} linear-attention key"
-                ),
-                value_heads=split_strict(
-                    g.value_heads, tp_size, f"{self.model_type} linear-attention value"
-                ),
-                key_dim=g.key_dim,
-                value_dim=g.value_dim,
-                conv_kernel=g.conv_kernel,
-                conv_dtype=cd,
-                ssm_dtype=ssm_dtype,
-            )
+        state = self._state_geometry(tp_size, conv_dtype or self.dtype, ssm_dtype)
         indexer: IndexerGeometry | None = None
         if self.indexer is not None:
             ix = self.indexer
             indexer = IndexerGeometry(
-                heads=split_heads(ix.heads, tp_size, f"{self.model_type} indexer"),
+                heads=split_heads(ix.heads, tp_size, f"{mt} indexer"),
                 head_dim=ix.head_dim,
                 dtype=ix.dtype or kvd,
                 scale_block=ix.scale_block,
             )
         return RankGeometries(kv=kv, swa=swa, state=state, indexer=indexer)
 
+    def _state_geometry(self, tp: int, cd: DType, sd: DType) -> StateGeometry | None:
+        mt = self.model_type
+        s = self.state
+        if isinstance(s, Mamba2Spec):
+            heads = split_strict(s.heads, tp, f"{mt} Mamba")
+            groups = mamba_groups_per_rank(s.n_groups, tp)
+            intermediate = s.heads * s.head_dim if s.intermediate is None else s.intermediate
+            if intermediate % tp:
+                raise ConfigError(
+                    f"{mt} Mamba: intermediate size {intermediate} cannot be split over tp={tp}"
+                )
+            return mamba2_state(
+                heads=heads,
+                head_dim=s.head_dim,
+                state_size=s.state_size,
+                n_groups=groups,
+                conv_kernel=s.conv_kernel,
+                conv_dtype=cd,
+                ssm_dtype=sd,
+                intermediate=intermediate // tp,
+            )
+        if isinstance(s, GatedDeltaNetSpec):
+            return gated_deltanet_state(
+                key_heads=split_strict(s.key_heads, tp, f"{mt} linear-attention key"),
+                value_heads=split_strict(s.value_heads, tp, f"{mt} linear-attention value"),
+                key_dim=s.key_dim,
+                value_dim=s.value_dim,
+                conv_kernel=s.conv_kernel,
+                conv_dtype=cd,
+                ssm_dtype=sd,
+            )
+        if isinstance(s, KimiDeltaSpec):
+            return kimi_delta_state(
+                heads=split_strict(s.heads, tp, f"{mt} Kimi delta attention"),
+                head_dim=s.head_dim,
+                conv_kernel=s.conv_kernel,
+                conv_dtype=cd,
+                ssm_dtype=sd,
+            )
+        if isinstance(s, ShortConvSpec):
+            # SGLang (configs/inkling.py): max(1, kv_heads // tp) x head_dim channels per rank.
+            full = max(1, s.kv_heads // tp) * s.head_dim
+            local = max(1, s.swa_kv_heads // tp) * s.swa_head_dim
+            return short_conv_state(
+                streams=(
+                    ("k_full", full),
+                    ("v_full", full),
+                    ("k_sliding", local),
+                    ("v_sliding", local),
+                    ("attn_out", s.hidden_size),
+                    ("mlp_out", s.hidden_size),
+                ),
+                conv_kernel=s.conv_kernel,
+                dtype=cd,
+            )
+        return None
+
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelSpec:
         """Read a HuggingFace config.json dict; raises UnsupportedModelError for unknown types."""
-        if not isinstance(config, Mapping):
-            raise ConfigError(f"a model config must be a mapping, got {type(config).__name__}")
-        model_type = config.get("model_type")
-        reader = _READERS.get(str(model_type))
-        if reader is None:
-            raise UnsupportedModelError(
-                f"unsupported model type {model_type!r}: supported are "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        try:
-            return reader(config)
-        except KeyError as e:
-            raise ConfigError(f"{model_type} config is missing key {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            if isinstance(e, ConfigError):
-                raise
-            raise ConfigError(f"{model_type} config has a malformed value: {e}") from None
+        from hicache.domain.readers import read_hf_config
+
+        return read_hf_config(config)
 
 
-def stage_range(num_layers: int, pp_size: int, pp_rank: int) -> tuple[int, int]:
-    """[start, end) of stage ``pp_rank``: layers split evenly, the first stages take the rest."""
-    if not isinstance(pp_size, int) or pp_size < 1:
-        raise ConfigError(f"pp_size must be a positive integer, got {pp_size!r}")
-    if not isinstance(pp_rank, int) or not 0 <= pp_rank < pp_size:
-        raise ConfigError(f"pp_rank must be in [0, {pp_size}), got {pp_rank!r}")
-    if pp_size > num_layers:
-        raise ConfigError(f"pp_size={pp_size} is larger than the model's {num_layers} layers")
-    base, extra = divmod(num_layers, pp_size)
-    start = pp_rank * base + min(pp_rank, extra)
-    end = start + base + (1 if pp_rank < extra else 0)
-    return start, end
-
-
-# ---------------------------------------------------------------------------------------------
-# HuggingFace config readers
-
-
-def _int(config: Mapping[str, Any], key: str) -> int:
-    value = config[key]
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
-    return value
-
-
-def _dtype(config: Mapping[str, Any]) -> DType:
-    value = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    return DType.parse(str(value))
-
-
-def _head_dim(config: Mapping[str, Any]) -> int:
-    hd = config.get("head_dim")
-    if isinstance(hd, int) and hd > 0:
-        return hd
-    heads = _int(config, "num_attention_heads")
-    hidden = _int(config, "hidden_size")
-    if hidden % heads:
-        raise ConfigError(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
-    return hidden // heads
-
-
-def _attention(config: Mapping[str, Any]) -> AttentionSpec:
-    kv = config.get("num_key_value_heads") or _int(config, "num_attention_heads")
-    return AttentionSpec(kv_heads=int(kv), head_dim=_head_dim(config))
-
-
-def _layer_types(config: Mapping[str, Any], n: int) -> tuple[LayerKind, ...] | None:
-    types = config.get("layer_types")
-    if types is None:
-        return None
-    if not isinstance(types, list) or len(types) < n:
-        raise ConfigError(f"layer_types must list at least {n} layers, got {types!r}")
-    table = {
-        "full_attention": LayerKind.FULL_ATTENTION,
-        "sliding_attention": LayerKind.SLIDING_ATTENTION,
-        "linear_attention": LayerKind.LINEAR_ATTENTION,
-    }
-    out = []
-    for t in types[:n]:
-        if t not in table:
-            raise ConfigError(f"unknown layer type {t!r} in layer_types: expected {sorted(table)}")
-        out.append(table[t])
-    return tuple(out)
-
-
-def _dense(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
-    kinds = _layer_types(config, n)
-    window = config.get("sliding_window")
-    if kinds is not None and LayerKind.SLIDING_ATTENTION in kinds:
-        if not isinstance(window, int):
-            raise ConfigError("layer_types names sliding layers but sliding_window is not set")
-    else:
-        kinds = (LayerKind.FULL_ATTENTION,) * n
-        window = None
-    return ModelSpec(
-        model_type=str(config["model_type"]),
-        layer_kinds=kinds,
-        attention=_attention(config),
-        sliding_window=window,
-        dtype=_dtype(config),
-    )
-
-
-def _mla(config: Mapping[str, Any]) -> MLASpec:
-    return MLASpec(
-        kv_lora_rank=_int(config, "kv_lora_rank"), qk_rope_head_dim=_int(config, "qk_rope_head_dim")
-    )
-
-
-def _deepseek(config: Mapping[str, Any]) -> ModelSpec:
-    # MTP / next-n layers sit after num_hidden_layers and get no pool layer.
-    n = _int(config, "num_hidden_layers")
-    return ModelSpec(
-        model_type=str(config["model_type"]),
-        layer_kinds=(LayerKind.FULL_ATTENTION,) * n,
-        attention=_mla(config),
-        dtype=_dtype(config),
-    )
-
-
-def _deepseek_v32(config: Mapping[str, Any]) -> ModelSpec:
-    base = _deepseek(config)
-    # The lightning indexer keeps one fp8 K head of index_head_dim with a float32 scale per 128.
-    indexer = IndexerSpec(
-        heads=1,
-        head_dim=_int(config, "index_head_dim"),
-        dtype=DType.FP8_E4M3,
-        scale_block=128,
-    )
-    return attrs.evolve(base, indexer=indexer)
-
-
-def _sliding(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
-    kinds = _layer_types(config, n)
-    if kinds is None:
-        pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
-        if not isinstance(pattern, int) or pattern <= 0:
-            raise ConfigError(
-                f"{config['model_type']} config needs layer_types or sliding_window_pattern"
-            )
-        kinds = tuple(
-            LayerKind.FULL_ATTENTION if (i + 1) % pattern == 0 else LayerKind.SLIDING_ATTENTION
-            for i in range(n)
-        )
-    return ModelSpec(
-        model_type=str(config["model_type"]),
-        layer_kinds=kinds,
-        attention=_attention(config),
-        sliding_window=_int(config, "sliding_window"),
-        dtype=_dtype(config),
-    )
-
-
-# transformers' Gemma3TextConfig defaults: HuggingFace checkpoints omit keys equal to them (the
-# text_config of gemma-3-12b-it names neither head_dim nor layer_types nor a sliding pattern), so a
-# reader without them fails or, worse, derives head_dim = hidden_size / heads (240, not 256).
-_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
-    "num_hidden_layers": 26,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "sliding_window": 4096,
-}
-_GEMMA3_SLIDING_PATTERN = 6
-
-
-def _gemma3(config: Mapping[str, Any]) -> ModelSpec:
-    text = config.get("text_config")
-    source: Mapping[str, Any] = text if isinstance(text, Mapping) else config
-    merged = {**_GEMMA3_TEXT_DEFAULTS, **source, "model_type": config["model_type"]}
-    for key in ("torch_dtype", "dtype"):
-        if key in config and key not in source:
-            merged[key] = config[key]
-    if not any(
-        k in source for k in ("layer_types", "sliding_window_pattern", "_sliding_window_pattern")
-    ):
-        merged["sliding_window_pattern"] = _GEMMA3_SLIDING_PATTERN
-    return _sliding(merged)
-
-
-def _qwen3_next(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
-    kinds = _layer_types(config, n)
-    if kinds is None:
-        interval = _int(config, "full_attention_interval")
-        kinds = tuple(
-            LayerKind.FULL_ATTENTION if (i + 1) % interval == 0 else LayerKind.LINEAR_ATTENTION
-            for i in range(n)
-        )
-    return ModelSpec(
-        model_type=str(config["model_type"]),
-        layer_kinds=kinds,
-        attention=_attention(config),
-        state=GatedDeltaNetSpec(
-            key_heads=_int(config, "linear_num_key_heads"),
-            value_heads=_int(config, "linear_num_value_heads"),
-            key_dim=_int(config, "linear_key_head_dim"),
-            value_dim=_int(config, "linear_value_head_dim"),
-            conv_kernel=_int(config, "linear_conv_kernel_dim"),
-        ),
-        dtype=_dtype(config),
-    )
-
-
-def _nemotron_h(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
-    pattern = config["hybrid_override_pattern"]
-    if not isinstance(pattern, str) or len(pattern) != n:
-        raise ConfigError(
-            f"hybrid_override_pattern must be a string of {n} characters, got {pattern!r}"
-        )
-    table = {
-        "M": LayerKind.MAMBA,
-        "*": LayerKind.FULL_ATTENTION,
-        "-": LayerKind.NONE,
-        "E": LayerKind.NONE,
-    }
-    bad = sorted({c for c in pattern if c not in table})
+def layer_subset(flags: Sequence[object], n: int, what: str) -> tuple[int, ...]:
+    """Layer ids whose flag is truthy (1/True) in a per-layer 0/1 list of at least n entries."""
+    if not isinstance(flags, (list, tuple)) or len(flags) < n:
+        raise ConfigError(f"{what} must list at least {n} layers, got {flags!r}")
+    bad = [f for f in flags[:n] if f not in (0, 1, True, False)]
     if bad:
-        raise ConfigError(
-            f"hybrid_override_pattern has unknown layer symbols {bad}: expected M * - E"
-        )
-    head_dim = config.get("attention_head_dim") or config.get("head_dim") or _head_dim(config)
-    heads = config.get("mamba_num_heads")
-    head = config.get("mamba_head_dim")
-    if heads is None or head is None:
-        expand = _int(config, "expand")
-        head = int(head or 64)
-        heads = expand * _int(config, "hidden_size") // head
-    return ModelSpec(
-        model_type=str(config["model_type"]),
-        layer_kinds=tuple(table[c] for c in pattern),
-        attention=AttentionSpec(
-            kv_heads=int(config.get("num_key_value_heads") or _int(config, "num_attention_heads")),
-            head_dim=int(head_dim),
-        ),
-        state=Mamba2Spec(
-            heads=int(heads),
-            head_dim=int(head),
-            state_size=_int(config, "ssm_state_size"),
-            n_groups=_int(config, "n_groups"),
-            conv_kernel=_int(config, "conv_kernel"),
-        ),
-        dtype=_dtype(config),
-    )
-
-
-_READERS = {
-    "llama": _dense,
-    "mistral": _dense,
-    "qwen2": _dense,
-    "qwen3": _dense,
-    "qwen3_moe": _dense,
-    "deepseek_v2": _deepseek,
-    "deepseek_v3": _deepseek,
-    "deepseek_v32": _deepseek_v32,
-    "gpt_oss": _sliding,
-    "gemma3": _gemma3,
-    "gemma3_text": _gemma3,
-    "qwen3_next": _qwen3_next,
-    "nemotron_h": _nemotron_h,
-}
-
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_READERS))
+        raise ConfigError(f"{what} must hold 0/1 per layer, got {bad[:3]}")
+    return tuple(i for i, f in enumerate(flags[:n]) if f)

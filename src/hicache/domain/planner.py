@@ -1,15 +1,19 @@
 """Stack planning: one function from (model spec, settings) to a host group plan.
 
 - Archetype: DENSE_KV, MLA, KV_SWA, KV_STATE, KV_SWA_STATE, KV_INDEXER.
-- PlanSettings: parallelism, page size, layouts, sizing, device capacities, storage, dtypes.
+- DEFAULT_LAYOUT: page_first_direct, the layout the copy measurements favour (docs/copy.md).
+- PlanSettings: parallelism, pipeline stage, page size, layouts, sizing, device capacities,
+  storage, dtypes; every field checked on construction (ConfigError naming the field).
 - archetype_of: which stack a model needs.
 - plan_stack: the host group plan of one rank (tp rank geometry, pp stage layers).
+- working_pp_sizes: the pp sizes whose every stage has a full-attention layer.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -19,7 +23,7 @@ from hicache.domain.errors import ConfigError
 from hicache.domain.geometry import AnyGeometry
 from hicache.domain.host_memory import Pinning, StorageSettings, resolve_host_memory
 from hicache.domain.layouts import Layout, check_layout
-from hicache.domain.models import LayerKind, MLASpec, ModelSpec, stage_range
+from hicache.domain.models import Cache, LayerKind, MLASpec, ModelSpec
 from hicache.domain.pools import HitPolicy, HostGroupPlan, PoolName, PoolPlan, PoolRole
 from hicache.domain.sizing import (
     BudgetSizing,
@@ -30,7 +34,8 @@ from hicache.domain.sizing import (
     ratio_capacity,
     split_budget,
 )
-from hicache.domain.validators import optional_positive_int, positive_int
+from hicache.domain.stages import PPSplit, check_stage, stage_range, stage_sizes
+from hicache.domain.validators import nonneg_int, optional_positive_int, positive_int
 
 
 class Archetype(enum.Enum):
@@ -42,50 +47,148 @@ class Archetype(enum.Enum):
     KV_INDEXER = "kv_indexer"
 
 
-def _layouts(value: Mapping[PoolName, Layout] | Mapping[str, str]) -> dict[PoolName, Layout]:
-    return {PoolName.parse(k): Layout.parse(v) for k, v in value.items()}
+# page_first_direct: per-layer loads at page 64 ran at 1.23x of a contiguous copy where
+# page_first ran at 0.53x, and a page of all layers stays one object for storage. Every pool
+# kind can take it, recurrent state included (docs/copy.md, docs/plan.md).
+DEFAULT_LAYOUT = Layout.PAGE_FIRST_DIRECT
 
 
-def _overrides(value: Mapping[PoolName, int] | Mapping[str, int]) -> dict[PoolName, int]:
-    return {PoolName.parse(k): int(v) for k, v in value.items()}
+def _mapping(value: object, field: str) -> Mapping[Any, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{field} must be a mapping of pool name to value, got {value!r}")
+    return value
 
 
-def _layout(value: Layout | str) -> Layout:
+def _layouts(value: object) -> dict[PoolName, Layout]:
+    return {PoolName.parse(k): _layout(v) for k, v in _mapping(value, "pool_layouts").items()}
+
+
+def _overrides(value: object) -> dict[PoolName, int]:
+    out: dict[PoolName, int] = {}
+    for k, v in _mapping(value, "capacity_overrides").items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ConfigError(f"capacity_overrides[{k!r}] must be an integer, got {v!r}")
+        out[PoolName.parse(k)] = v
+    return out
+
+
+def _layout(value: object) -> Layout:
+    if not isinstance(value, (str, Layout)):
+        raise ConfigError(f"layout must be a Layout or its name, got {value!r}")
     return Layout.parse(value)
 
 
-def _pinning(value: bool | str | Pinning | None) -> Pinning:
+def _pinning(value: object) -> Pinning:
+    if value is not None and not isinstance(value, (bool, str, Pinning)):
+        raise ConfigError(f"pinned must be a Pinning, a bool, 'on'/'off'/'auto' or None, got {value!r}")
     return Pinning.parse(value)
+
+
+def _dtype(field: str, optional: bool) -> Any:
+    def convert(value: object) -> DType | None:
+        if value is None and optional:
+            return None
+        if not isinstance(value, (str, DType)):
+            raise ConfigError(f"{field} must be a DType or its name, got {value!r}")
+        return DType.parse(value)
+
+    return convert
+
+
+def _sizing(value: object) -> Sizing:
+    if not isinstance(value, (RatioSizing, BudgetSizing)):
+        raise ConfigError(f"sizing must be a RatioSizing or a BudgetSizing, got {value!r}")
+    return value
+
+
+def _storage(value: object) -> StorageSettings:
+    if value is None:
+        return StorageSettings()
+    if not isinstance(value, StorageSettings):
+        raise ConfigError(
+            f"storage must be a StorageSettings (backend, extra_config), got {value!r}"
+        )
+    return value
+
+
+def _pp_split(value: object) -> PPSplit:
+    if not isinstance(value, (str, PPSplit)):
+        raise ConfigError(f"pp_split must be 'vllm' or 'sglang', got {value!r}")
+    return PPSplit.parse(value)
+
+
+def _optional_nonneg(inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None:
+        nonneg_int(inst, attribute, value)
+
+
+def _nearest_pages(what: str, units: int, page: int) -> ConfigError:
+    low = units // page * page
+    high = low + page
+    near = f"{low} or {high}" if low > 0 else f"{high}"
+    return ConfigError(
+        f"{what}={units} is not a whole number of pages of {page} tokens; use {near}"
+    )
 
 
 @attrs.frozen(kw_only=True)
 class PlanSettings:
-    """Everything the planner needs besides the model. Defaults match `hicache plan`."""
+    """Everything the planner needs besides the model. Defaults match `hicache plan`.
+
+    The stage: give ``pp_start``/``pp_end`` (the [start, end) the serving engine runs; what an
+    embedder should pass) or let ``pp_size``/``pp_rank`` and ``pp_split`` derive it.
+    """
 
     tp_size: int = attrs.field(default=1, validator=positive_int)
     pp_size: int = attrs.field(default=1, validator=positive_int)
-    pp_rank: int = 0
+    pp_rank: int = attrs.field(default=0, validator=nonneg_int)
+    pp_split: PPSplit = attrs.field(default=PPSplit.VLLM, converter=_pp_split)
+    pp_start: int | None = attrs.field(default=None, validator=_optional_nonneg)
+    pp_end: int | None = attrs.field(default=None, validator=optional_positive_int)
     page_size: int = attrs.field(default=64, validator=positive_int)
-    layout: Layout = attrs.field(default=Layout.PAGE_FIRST, converter=_layout)
+    layout: Layout = attrs.field(default=DEFAULT_LAYOUT, converter=_layout)
     pool_layouts: Mapping[PoolName, Layout] = attrs.field(factory=dict, converter=_layouts)
-    sizing: Sizing = attrs.field(factory=RatioSizing)
+    sizing: Sizing = attrs.field(factory=RatioSizing, converter=_sizing)
     capacity_overrides: Mapping[PoolName, int] = attrs.field(factory=dict, converter=_overrides)
     device_tokens: int = attrs.field(default=65536, validator=positive_int)
     device_slots: int = attrs.field(default=256, validator=positive_int)
     swa_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
-    storage: StorageSettings = attrs.field(factory=StorageSettings)
-    kv_dtype: DType | None = None
-    ssm_dtype: DType = DType.FP32
+    storage: StorageSettings = attrs.field(factory=StorageSettings, converter=_storage)
+    kv_dtype: DType | None = attrs.field(default=None, converter=_dtype("kv_dtype", True))
+    ssm_dtype: DType = attrs.field(default=DType.FP32, converter=_dtype("ssm_dtype", False))
     pinned: Pinning = attrs.field(default=Pinning.AUTO, converter=_pinning)
+
+    def __attrs_post_init__(self) -> None:
+        if self.pp_rank >= self.pp_size:
+            raise ConfigError(f"pp_rank must be in [0, {self.pp_size}), got {self.pp_rank}")
+        if (self.pp_start is None) != (self.pp_end is None):
+            raise ConfigError(
+                f"pp_start and pp_end come together (the stage's [start, end)); got "
+                f"pp_start={self.pp_start!r}, pp_end={self.pp_end!r}"
+            )
+        if self.pp_start is not None and self.pp_end is not None and self.pp_start >= self.pp_end:
+            raise ConfigError(
+                f"pp_start must be below pp_end, got [{self.pp_start}, {self.pp_end})"
+            )
+        if self.device_tokens % self.page_size:
+            raise _nearest_pages("device_tokens", self.device_tokens, self.page_size)
+        if self.swa_tokens is not None and self.swa_tokens % self.page_size:
+            raise _nearest_pages("swa_tokens", self.swa_tokens, self.page_size)
 
     def layout_of(self, pool: PoolName) -> Layout:
         return self.pool_layouts.get(pool, self.layout)
 
+    def stage_of(self, num_layers: int) -> tuple[int, int]:
+        """This rank's [start, end): the one given, or the pp split's."""
+        if self.pp_start is not None and self.pp_end is not None:
+            return check_stage(num_layers, self.pp_start, self.pp_end)
+        return stage_range(num_layers, self.pp_size, self.pp_rank, self.pp_split)
+
 
 def archetype_of(spec: ModelSpec) -> Archetype:
-    kinds = set(spec.layer_kinds)
-    has_swa = LayerKind.SLIDING_ATTENTION in kinds
-    has_state = bool(kinds & {LayerKind.MAMBA, LayerKind.LINEAR_ATTENTION})
+    caches = set().union(*spec.layer_caches)
+    has_swa = Cache.SLIDING in caches
+    has_state = Cache.STATE in caches
     if spec.indexer is not None:
         if has_swa or has_state:
             raise ConfigError(
@@ -104,6 +207,23 @@ def archetype_of(spec: ModelSpec) -> Archetype:
     return Archetype.DENSE_KV
 
 
+def working_pp_sizes(spec: ModelSpec, split: PPSplit | str = PPSplit.VLLM) -> list[int]:
+    """The pp sizes under ``split`` whose every stage holds a full-attention layer."""
+    full = spec.layers_holding(Cache.FULL)
+    out = []
+    for pp in range(1, spec.num_layers + 1):
+        start = 0
+        ok = True
+        for size in stage_sizes(spec.num_layers, pp, split):
+            if not any(start <= f < start + size for f in full):
+                ok = False
+                break
+            start += size
+        if ok:
+            out.append(pp)
+    return out
+
+
 @attrs.frozen
 class _Draft:
     """A pool before sizing: everything but its capacity."""
@@ -117,86 +237,94 @@ class _Draft:
     device_units: int
 
 
+def _no_anchor(spec: ModelSpec, s: PlanSettings, start: int, end: int) -> ConfigError:
+    if s.pp_start is not None:
+        how = "the stage given by pp_start/pp_end"
+    else:
+        how = f"pp_size={s.pp_size} ({s.pp_split.value} split) rank {s.pp_rank}"
+    sizes = working_pp_sizes(spec, s.pp_split)
+    shown = ", ".join(str(n) for n in sizes[:12]) + (", ..." if len(sizes) > 12 else "")
+    held = sorted({c.value for i in range(start, end) for c in spec.layer_caches[i]})
+    if not held:
+        return ConfigError(
+            f"pipeline stage [{start}, {end}) of {spec.model_type!r} caches nothing ({how}); pp "
+            f"sizes whose every stage has a full-attention layer under the {s.pp_split.value} "
+            f"split: {shown}"
+        )
+    return ConfigError(
+        f"pipeline stage [{start}, {end}) of {spec.model_type!r} has no full-attention layer to "
+        f"anchor its host group ({how}; its layers hold {held or 'nothing'}); pp sizes whose "
+        f"every stage has one under the {s.pp_split.value} split: {shown}"
+    )
+
+
 def plan_stack(spec: ModelSpec, settings: PlanSettings | None = None) -> HostGroupPlan:
     """The host group plan of one (tp, pp) rank of ``spec``."""
     s = settings or PlanSettings()
     archetype = archetype_of(spec)
-    start, end = stage_range(spec.num_layers, s.pp_size, s.pp_rank)
+    start, end = s.stage_of(spec.num_layers)
     geo = spec.rank_geometries(s.tp_size, kv_dtype=s.kv_dtype, ssm_dtype=s.ssm_dtype)
     host_memory = resolve_host_memory(s.storage, s.pinned)
 
     # Transfer layers: the stage's layers that keep any cache, numbered 0..n-1 in model order.
-    cached = [i for i in range(start, end) if spec.layer_kinds[i].has_cache]
-    if not cached:
-        raise ConfigError(f"pipeline stage [{start}, {end}) of {spec.model_type!r} caches nothing")
+    cached = list(spec.cached_layers(start, end))
+    if not spec.layers_holding(Cache.FULL, start, end):
+        raise _no_anchor(spec, s, start, end)
     transfer_of = {g: t for t, g in enumerate(cached)}
 
-    def binding(kind: LayerKind) -> LayerBinding:
-        return LayerBinding.contiguous([transfer_of[g] for g in spec.layers_of(kind, start, end)])
+    def binding(cache: Cache) -> LayerBinding:
+        return LayerBinding.contiguous([transfer_of[g] for g in spec.layers_holding(cache, start, end)])
 
-    drafts: list[_Draft] = []
-    full = binding(LayerKind.FULL_ATTENTION)
-    if len(full) == 0:
-        raise ConfigError(
-            f"pipeline stage [{start}, {end}) of {spec.model_type!r} has no full-attention layer "
-            f"to anchor its host group; choose another pp split"
-        )
     if geo.kv is None:  # pragma: no cover - ModelSpec guarantees attention
         raise ConfigError(f"model {spec.model_type!r} has no attention geometry")
-    drafts.append(
+    drafts = [
         _Draft(
             PoolName.KV,
             PoolRole.ANCHOR,
             geo.kv,
-            full,
+            binding(Cache.FULL),
             s.page_size,
             HitPolicy.ALL_PAGES,
             s.device_tokens,
         )
-    )
-    if geo.indexer is not None:
+    ]
+    # Pools whose layers are all outside this stage are left out of its plan.
+    if geo.indexer is not None and len(ix := binding(Cache.INDEXER)):
         drafts.append(
             _Draft(
                 PoolName.INDEXER,
                 PoolRole.SIDECAR,
                 geo.indexer,
-                full,
+                ix,
                 s.page_size,
                 HitPolicy.ALL_PAGES,
                 s.device_tokens,
             )
         )
-    if geo.swa is not None:
-        sw = binding(LayerKind.SLIDING_ATTENTION)
-        if len(sw):
-            drafts.append(
-                _Draft(
-                    PoolName.SWA,
-                    PoolRole.INDEPENDENT,
-                    geo.swa,
-                    sw,
-                    s.page_size,
-                    HitPolicy.TRAILING_PAGES,
-                    s.swa_tokens or s.device_tokens,
-                )
+    if geo.swa is not None and len(sw := binding(Cache.SLIDING)):
+        drafts.append(
+            _Draft(
+                PoolName.SWA,
+                PoolRole.INDEPENDENT,
+                geo.swa,
+                sw,
+                s.page_size,
+                HitPolicy.TRAILING_PAGES,
+                s.swa_tokens or s.device_tokens,
             )
-    if geo.state is not None:
-        kind = (
-            LayerKind.MAMBA if LayerKind.MAMBA in spec.layer_kinds else LayerKind.LINEAR_ATTENTION
         )
-        st = binding(kind)
-        if len(st):
-            drafts.append(
-                _Draft(
-                    PoolName.MAMBA,
-                    PoolRole.INDEPENDENT,
-                    geo.state,
-                    st,
-                    1,
-                    HitPolicy.TRAILING_PAGES,
-                    s.device_slots,
-                )
+    if geo.state is not None and len(st := binding(Cache.STATE)):
+        drafts.append(
+            _Draft(
+                PoolName.MAMBA,
+                PoolRole.INDEPENDENT,
+                geo.state,
+                st,
+                1,
+                HitPolicy.TRAILING_PAGES,
+                s.device_slots,
             )
+        )
 
     for d in drafts:
         check_layout(
