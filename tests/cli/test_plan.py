@@ -267,9 +267,22 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "bad capacity": ([*m, "--capacity", "kv=lots"], "whole number of units, got 'lots'"),
         "capacity not pages": ([*m, "--capacity", "kv=100"], "whole number of pages of 64"),
         "capacity unknown pool": ([*m, "--capacity", "swa=64"], "which this plan does not have"),
-        "tiny device": ([*m, "--device-tokens", "16"], "device_tokens=16 is not a whole number of pages of 64 tokens; use 64"),
+        "tiny device": (
+            [*m, "--device-tokens", "16"],
+            "device_tokens=16 is not a whole number of pages of 64 tokens; use 64",
+        ),
         "partial page": ([*m, "--device-tokens", "1000"], "use 960 or 1024"),
         "host too small": ([*m, "--host-available", "20GiB"], "only 10737418240 B are usable"),
+        "pp start alone": ([*m, "--pp-start", "4"], "pp_start and pp_end come together"),
+        "pp range outside": (
+            [*m, "--pp-start", "4", "--pp-end", "40"],
+            "[4, 40) is not a non-empty range of the model's 32 layers",
+        ),
+        "bad pp split": ([*m, "--pp-split", "even"], "pp_split must be 'vllm' or 'sglang'"),
+        "state-only stage": (
+            ["plan", "--model", "qwen3.5-35b-a3b", "--pp-size", "20"],
+            "pp sizes whose every stage has one under the vllm split: 1, 2, 3",
+        ),
     }
 
 
@@ -340,3 +353,35 @@ def test_a_real_process_reports_bad_input_on_one_line(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1
     assert "missing.yaml" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [("minimax-m3", {"kv", "indexer"}), ("inkling", {"kv", "swa", "mamba"})],
+)
+def test_dynamic_shm_gives_shm_to_every_pool_of_the_allocator_story_stacks(
+    capsys: pytest.CaptureFixture[str], model: str, expected: set[str]
+) -> None:
+    doc = plan_json(
+        capsys,
+        "--model",
+        model,
+        "--storage-backend",
+        "dynamic",
+        "--storage-extra-config",
+        '{"allocator": "shm"}',
+    )
+    assert doc["host_memory"]["kind"] == "shm"
+    assert {p["name"]: p["host_memory"]["kind"] for p in doc["pools"]} == dict.fromkeys(
+        expected, "shm"
+    )
+
+
+def test_pp_flags_choose_the_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    # 32 layers over 3 stages: vLLM gives the 2 extra layers to ranks 0 and 1 (sizes 11, 11, 10),
+    # SGLang to the last two (10, 11, 11)
+    base = ["--model", LLAMA, "--pp-size", "3", "--pp-rank", "1"]
+    assert plan_json(capsys, *base)["stage"] == [11, 22]
+    assert plan_json(capsys, *base, "--pp-split", "sglang")["stage"] == [10, 21]
+    doc = plan_json(capsys, "--model", LLAMA, "--pp-start", "5", "--pp-end", "9")
+    assert (doc["stage"], doc["transfer_layers"]) == ([5, 9], 4)

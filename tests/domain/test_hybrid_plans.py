@@ -272,7 +272,9 @@ def test_gpt_oss_120b_shape_at_pp_10_runs_rank_3_on_layers_9_to_13() -> None:
 
 def test_every_pp_rank_plans_the_vllm_stage(capsys: pytest.CaptureFixture[str]) -> None:
     for rank in range(4):
-        doc = plan_json(capsys, "--model", "mimo-v2-flash", "--pp-size", "4", "--pp-rank", str(rank))
+        doc = plan_json(
+            capsys, "--model", "mimo-v2-flash", "--pp-size", "4", "--pp-rank", str(rank)
+        )
         assert tuple(doc["stage"]) == stage_range(48, 4, rank)
 
 

@@ -59,8 +59,6 @@ from hicache.domain.models import (
     ModelSpec,
     ShortConvSpec,
 )
-from hicache.domain.readers import SUPPORTED_MODEL_TYPES
-from hicache.domain.stages import PPSplit, stage_range, stage_sizes
 from hicache.domain.planner import Archetype, PlanSettings, archetype_of, plan_stack
 from hicache.domain.pools import (
     HitPolicy,
@@ -70,6 +68,7 @@ from hicache.domain.pools import (
     PoolPlan,
     PoolRole,
 )
+from hicache.domain.readers import SUPPORTED_MODEL_TYPES
 from hicache.domain.sizing import (
     BudgetSizing,
     RatioSizing,
@@ -78,21 +77,17 @@ from hicache.domain.sizing import (
     ratio_capacity,
     split_budget,
 )
+from hicache.domain.stages import PPSplit, stage_range, stage_sizes
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
-    "Cache",
-    "KimiDeltaSpec",
-    "PPSplit",
-    "ShortConvSpec",
-    "kimi_delta_state",
-    "short_conv_state",
     "AllocatorMismatchError",
     "Archetype",
     "AttentionSpec",
     "BindingError",
     "BudgetSizing",
     "BufferSpec",
+    "Cache",
     "ConfigError",
     "DType",
     "DeviceError",
@@ -109,6 +104,7 @@ __all__ = [
     "IndexerGeometry",
     "IndexerSpec",
     "KVGeometry",
+    "KimiDeltaSpec",
     "LayerBinding",
     "LayerKind",
     "Layout",
@@ -119,6 +115,7 @@ __all__ = [
     "MemoryKind",
     "ModelSpec",
     "OutOfSlotsError",
+    "PPSplit",
     "PinnedMemoryError",
     "Pinning",
     "PlanSettings",
@@ -127,6 +124,7 @@ __all__ = [
     "PoolPlan",
     "PoolRole",
     "RatioSizing",
+    "ShortConvSpec",
     "SizingError",
     "SlotError",
     "StateGeometry",
@@ -141,12 +139,14 @@ __all__ = [
     "check_layout",
     "gated_deltanet_state",
     "host_buffer_shape",
+    "kimi_delta_state",
     "mamba2_state",
     "parse_extra_config",
     "parse_size",
     "plan_stack",
     "ratio_capacity",
     "resolve_host_memory",
+    "short_conv_state",
     "split_budget",
     "stage_local",
     "stage_range",

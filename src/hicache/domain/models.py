@@ -245,7 +245,10 @@ class ModelSpec:
                 f"{name} has a sliding-attention spec or window but no sliding layer uses it"
             )
         full = [i for i, k in enumerate(self.layer_kinds) if k is LayerKind.FULL_ATTENTION]
-        for label, ids in (("indexer_layers", self.indexer_layers), ("state_layers", self.state_layers)):
+        for label, ids in (
+            ("indexer_layers", self.indexer_layers),
+            ("state_layers", self.state_layers),
+        ):
             bad = [i for i in ids or () if not 0 <= i < n]
             if bad:
                 raise ConfigError(f"{name}: {label} {bad} are not layers of its {n} layers")
@@ -256,7 +259,9 @@ class ModelSpec:
             indexer_ids: tuple[int, ...] = ()
         else:
             indexer_ids = tuple(full) if self.indexer_layers is None else self.indexer_layers
-            not_full = [i for i in indexer_ids if self.layer_kinds[i] is not LayerKind.FULL_ATTENTION]
+            not_full = [
+                i for i in indexer_ids if self.layer_kinds[i] is not LayerKind.FULL_ATTENTION
+            ]
             if not_full:
                 raise ConfigError(
                     f"{name}: indexer layers {not_full} are not full-attention layers; an "
@@ -316,7 +321,9 @@ class ModelSpec:
         stop = self.num_layers if end is None else end
         return tuple(i for i in range(start, stop) if self.layer_kinds[i] is kind)
 
-    def layers_holding(self, cache: Cache, start: int = 0, end: int | None = None) -> tuple[int, ...]:
+    def layers_holding(
+        self, cache: Cache, start: int = 0, end: int | None = None
+    ) -> tuple[int, ...]:
         """Model layer ids in [start, end) that hold ``cache``."""
         stop = self.num_layers if end is None else end
         return tuple(i for i in range(start, stop) if cache in self._caches[i])

@@ -23,7 +23,7 @@ from hicache.domain.errors import ConfigError
 from hicache.domain.geometry import AnyGeometry
 from hicache.domain.host_memory import Pinning, StorageSettings, resolve_host_memory
 from hicache.domain.layouts import Layout, check_layout
-from hicache.domain.models import Cache, LayerKind, MLASpec, ModelSpec
+from hicache.domain.models import Cache, MLASpec, ModelSpec
 from hicache.domain.pools import HitPolicy, HostGroupPlan, PoolName, PoolPlan, PoolRole
 from hicache.domain.sizing import (
     BudgetSizing,
@@ -80,19 +80,24 @@ def _layout(value: object) -> Layout:
 
 def _pinning(value: object) -> Pinning:
     if value is not None and not isinstance(value, (bool, str, Pinning)):
-        raise ConfigError(f"pinned must be a Pinning, a bool, 'on'/'off'/'auto' or None, got {value!r}")
+        raise ConfigError(
+            f"pinned must be a Pinning, a bool, 'on'/'off'/'auto' or None, got {value!r}"
+        )
     return Pinning.parse(value)
 
 
-def _dtype(field: str, optional: bool) -> Any:
-    def convert(value: object) -> DType | None:
-        if value is None and optional:
-            return None
-        if not isinstance(value, (str, DType)):
-            raise ConfigError(f"{field} must be a DType or its name, got {value!r}")
-        return DType.parse(value)
+def _as_dtype(field: str, value: object) -> DType:
+    if not isinstance(value, (str, DType)):
+        raise ConfigError(f"{field} must be a DType or its name, got {value!r}")
+    return DType.parse(value)
 
-    return convert
+
+def _kv_dtype(value: object) -> DType | None:
+    return None if value is None else _as_dtype("kv_dtype", value)
+
+
+def _ssm_dtype(value: object) -> DType:
+    return _as_dtype("ssm_dtype", value)
 
 
 def _sizing(value: object) -> Sizing:
@@ -154,8 +159,8 @@ class PlanSettings:
     device_slots: int = attrs.field(default=256, validator=positive_int)
     swa_tokens: int | None = attrs.field(default=None, validator=optional_positive_int)
     storage: StorageSettings = attrs.field(factory=StorageSettings, converter=_storage)
-    kv_dtype: DType | None = attrs.field(default=None, converter=_dtype("kv_dtype", True))
-    ssm_dtype: DType = attrs.field(default=DType.FP32, converter=_dtype("ssm_dtype", False))
+    kv_dtype: DType | None = attrs.field(default=None, converter=_kv_dtype)
+    ssm_dtype: DType = attrs.field(default=DType.FP32, converter=_ssm_dtype)
     pinned: Pinning = attrs.field(default=Pinning.AUTO, converter=_pinning)
 
     def __attrs_post_init__(self) -> None:
@@ -273,7 +278,9 @@ def plan_stack(spec: ModelSpec, settings: PlanSettings | None = None) -> HostGro
     transfer_of = {g: t for t, g in enumerate(cached)}
 
     def binding(cache: Cache) -> LayerBinding:
-        return LayerBinding.contiguous([transfer_of[g] for g in spec.layers_holding(cache, start, end)])
+        return LayerBinding.contiguous(
+            [transfer_of[g] for g in spec.layers_holding(cache, start, end)]
+        )
 
     if geo.kv is None:  # pragma: no cover - ModelSpec guarantees attention
         raise ConfigError(f"model {spec.model_type!r} has no attention geometry")

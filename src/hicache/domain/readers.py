@@ -296,7 +296,8 @@ def _inkling(config: Mapping[str, Any]) -> ModelSpec:
     swa_hd = int(config.get("swa_head_dim") or hd)
     local_set = set(local)
     kinds = tuple(
-        LayerKind.SLIDING_ATTENTION if i in local_set else LayerKind.FULL_ATTENTION for i in range(n)
+        LayerKind.SLIDING_ATTENTION if i in local_set else LayerKind.FULL_ATTENTION
+        for i in range(n)
     )
     has_local = bool(local_set)
     state = None
@@ -335,7 +336,9 @@ def _kimi_linear(config: Mapping[str, Any]) -> ModelSpec:
     kda = lin["kda_layers"]
     # Layer ids in kda_layers are 1-based (SGLang configs/kimi_linear.py is_kda_layer).
     if not isinstance(kda, list) or any(not isinstance(i, int) or not 1 <= i <= n for i in kda):
-        raise ConfigError(f"linear_attn_config.kda_layers must list 1-based ids in [1, {n}], got {kda!r}")
+        raise ConfigError(
+            f"linear_attn_config.kda_layers must list 1-based ids in [1, {n}], got {kda!r}"
+        )
     kda_set = {i - 1 for i in kda}
     kinds = tuple(
         LayerKind.LINEAR_ATTENTION if i in kda_set else LayerKind.FULL_ATTENTION for i in range(n)
@@ -442,7 +445,11 @@ def _glm_dsa(config: Mapping[str, Any]) -> ModelSpec:
     if types is None:
         return spec
     n = spec.num_layers
-    if not isinstance(types, list) or len(types) < n or any(t not in ("full", "shared") for t in types[:n]):
+    if (
+        not isinstance(types, list)
+        or len(types) < n
+        or any(t not in ("full", "shared") for t in types[:n])
+    ):
         raise ConfigError(f"indexer_types must list {n} of 'full'/'shared', got {types!r}")
     # A "shared" layer reuses another layer's indexer output and keeps no indexer cache.
     return attrs.evolve(spec, indexer_layers=[i for i, t in enumerate(types[:n]) if t == "full"])
