@@ -301,3 +301,34 @@ def test_a_state_only_stage_is_refused_with_the_pp_sizes_that_work(fixtures_dir:
     for pp in sizes:
         for rank in range(pp):
             plan_stack(spec, PlanSettings(pp_size=pp, pp_rank=rank))
+
+
+def test_glm_shared_indexer_layers_keep_no_indexer(fixtures_dir: Path) -> None:
+    config = json.loads((fixtures_dir / "glm-5.json").read_text())
+    types = ["full" if i % 4 == 0 else "shared" for i in range(78)]
+    spec = ModelSpec.from_hf_config({**config, "indexer_types": types})
+    assert spec.layers_holding(Cache.INDEXER) == tuple(range(0, 78, 4))
+    plan = plan_stack(spec)
+    assert plan.pool("indexer").binding.as_dict() == {t: i for i, t in enumerate(range(0, 78, 4))}
+    assert plan.pool("indexer").capacity == plan.anchor.capacity
+    with pytest.raises(ConfigError, match="indexer_types must list 78"):
+        ModelSpec.from_hf_config({**config, "indexer_types": ["full"] * 3})
+
+
+def test_text_config_is_unwrapped_and_the_outer_dtype_applies() -> None:
+    text = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_size": 256,
+    }
+    spec = ModelSpec.from_hf_config(
+        {"model_type": "minimax_m3_vl", "torch_dtype": "float16", "text_config": text}
+    )
+    assert (spec.model_type, spec.dtype, spec.num_layers) == ("minimax_m3_vl", DType.FP16, 2)
+    assert spec.indexer is None  # no sparse_attention_config: no indexer, and none dropped
+    with pytest.raises(
+        ConfigError, match="minimax_m3_vl config is missing key 'num_hidden_layers'"
+    ):
+        ModelSpec.from_hf_config({"model_type": "minimax_m3_vl", "text_config": {}})

@@ -15,8 +15,8 @@ from hicache.domain import (
     GatedDeltaNetSpec,
     IndexerSpec,
     KimiDeltaSpec,
-    Layout,
     LayerKind,
+    Layout,
     Mamba2Spec,
     ModelSpec,
     Pinning,
@@ -94,7 +94,7 @@ def test_strings_convert_where_the_command_line_takes_strings() -> None:
     assert s.capacity_overrides == {PoolName.KV: 128}
     assert PlanSettings(storage=None).storage == StorageSettings()
     kv = PlanSettings(kv_dtype="fp8").kv_dtype  # a string became a DType: no AttributeError later
-    assert kv is not None and kv.is_fp8
+    assert kv is DType.FP8_E4M3
     assert PlanSettings(sizing=BudgetSizing(1 << 30)).sizing == BudgetSizing(1 << 30)
 
 
