@@ -260,14 +260,18 @@ def gated_deltanet_state(
     conv_dtype: DType = DType.BF16,
     ssm_dtype: DType = DType.FP32,
 ) -> StateGeometry:
-    """Gated DeltaNet per-rank state: conv (conv_dim, kernel-1), temporal (v_heads, k_dim, v_dim)."""
+    """Gated DeltaNet per-rank state: conv (conv_dim, kernel-1), temporal (v_heads, v_dim, k_dim).
+
+    The order of SGLang's Mamba2StateShape.create for Qwen3-Next (head_dim = value head dim,
+    state_size = key head dim).
+    """
     if conv_kernel < 2:
         raise ConfigError(f"conv_kernel must be at least 2, got {conv_kernel}")
     conv_dim = 2 * key_heads * key_dim + value_heads * value_dim
     return StateGeometry(
         tensors=(
             StateTensor("conv", (conv_dim, conv_kernel - 1), conv_dtype),
-            StateTensor("temporal", (value_heads, key_dim, value_dim), ssm_dtype),
+            StateTensor("temporal", (value_heads, value_dim, key_dim), ssm_dtype),
         ),
         family="gated_deltanet",
     )
