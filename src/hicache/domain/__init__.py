@@ -59,7 +59,14 @@ from hicache.domain.models import (
     ModelSpec,
     ShortConvSpec,
 )
-from hicache.domain.planner import Archetype, PlanSettings, archetype_of, plan_stack
+from hicache.domain.planner import (
+    DEFAULT_LAYOUT,
+    Archetype,
+    PlanSettings,
+    archetype_of,
+    plan_stack,
+    working_pp_sizes,
+)
 from hicache.domain.pools import (
     HitPolicy,
     HostGroupPlan,
@@ -80,6 +87,7 @@ from hicache.domain.sizing import (
 from hicache.domain.stages import PPSplit, stage_range, stage_sizes
 
 __all__ = [
+    "DEFAULT_LAYOUT",
     "SUPPORTED_MODEL_TYPES",
     "AllocatorMismatchError",
     "Archetype",
@@ -152,4 +160,5 @@ __all__ = [
     "stage_range",
     "stage_sizes",
     "transfer_layer_count",
+    "working_pp_sizes",
 ]

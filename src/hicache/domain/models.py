@@ -7,8 +7,9 @@
 - ModelSpec: layer kinds, which layers hold an indexer or state, the specs above;
   ModelSpec.from_hf_config(d) reads a config dict (see readers.py).
 - ModelSpec.rank_geometries(tp, ...): per-rank pool geometries for a tensor-parallel size.
+- split_heads / split_strict / mamba_groups_per_rank: how heads and groups spread over TP ranks.
+- layer_subset: the layer ids a per-layer 0/1 config list marks.
 - stage_range: re-exported from stages.py (vLLM's pipeline split by default).
-- SUPPORTED_MODEL_TYPES: what from_hf_config accepts.
 
 A layer's caches: a full-attention layer holds full KV, a sliding layer sliding KV, a linear or
 Mamba layer state; ``indexer_layers`` (default: every full-attention layer) add an indexer and
