@@ -332,3 +332,13 @@ def test_text_config_is_unwrapped_and_the_outer_dtype_applies() -> None:
         ConfigError, match="minimax_m3_vl config is missing key 'num_hidden_layers'"
     ):
         ModelSpec.from_hf_config({"model_type": "minimax_m3_vl", "text_config": {}})
+
+
+def test_inkling_conv_state_is_bf16_whatever_the_model_dtype(fixtures_dir: Path) -> None:
+    config = json.loads((fixtures_dir / "inkling.json").read_text())
+    config["text_config"]["torch_dtype"] = "float16"
+    spec = ModelSpec.from_hf_config(config)
+    assert spec.dtype is DType.FP16
+    state = spec.rank_geometries(2).state
+    assert state is not None
+    assert {t.dtype for t in state.tensors} == {DType.BF16}

@@ -373,7 +373,7 @@ class ModelSpec:
                 v_head_dim=sa.v_head_dim,
                 dtype=kvd,
             )
-        state = self._state_geometry(tp_size, conv_dtype or self.dtype, ssm_dtype)
+        state = self._state_geometry(tp_size, conv_dtype, ssm_dtype)
         indexer: IndexerGeometry | None = None
         if self.indexer is not None:
             ix = self.indexer
@@ -385,9 +385,10 @@ class ModelSpec:
             )
         return RankGeometries(kv=kv, swa=swa, state=state, indexer=indexer)
 
-    def _state_geometry(self, tp: int, cd: DType, sd: DType) -> StateGeometry | None:
+    def _state_geometry(self, tp: int, conv: DType | None, sd: DType) -> StateGeometry | None:
         mt = self.model_type
         s = self.state
+        cd = conv or self.dtype
         if isinstance(s, Mamba2Spec):
             heads = split_strict(s.heads, tp, f"{mt} Mamba")
             groups = mamba_groups_per_rank(s.n_groups, tp)
@@ -438,7 +439,7 @@ class ModelSpec:
                     ("mlp_out", s.hidden_size),
                 ),
                 conv_kernel=s.conv_kernel,
-                dtype=cd,
+                dtype=conv or DType.BF16,  # SGLang's InklingStateDType: bf16 whatever the model's
             )
         return None
 
