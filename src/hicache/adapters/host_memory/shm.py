@@ -49,7 +49,7 @@ import attrs
 import torch
 
 from hicache.adapters.host_memory.anonymous import prefault
-from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes
+from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes, release_range
 from hicache.domain import ConfigError, HiCacheError, HostMemoryError, MemoryKind
 
 SHM_DIR = Path("/dev/shm")
@@ -406,11 +406,19 @@ class ShmRegion(ViewedRegion):
         return self.name
 
     def close(self) -> None:
-        """Unmap (once no view is left); the owner also removes the segment. Idempotent."""
-        self._tensor = None
-        self._mmap = None  # see AnonymousRegion.close: views keep the mapping until they go
+        """Unlink (owner) and give the pages back now, even if tensors still view them.
+
+        The range becomes an inaccessible placeholder until the last view goes (release_range):
+        RSS and, once every process has unmapped it, /dev/shm go down at close, not at garbage
+        collection. Idempotent.
+        """
         if self._finalizer is not None:
             self._finalizer()  # runs once: unlink and drop the lock
+        if self._mmap is None:
+            return
+        release_range(self._address, self.nbytes)
+        self._tensor = None
+        self._mmap = None  # unmaps the placeholder once no view is left
 
     def __repr__(self) -> str:
         role = "owner" if self.owner else "attached"
