@@ -19,6 +19,7 @@ RESULT_KEYS = {
     "backend",
     "gbps",
     "ratio_to_baseline",
+    "ratio_to_limit",
 }
 
 
@@ -27,14 +28,18 @@ def test_json_is_one_document_with_every_measurement(capsys: pytest.CaptureFixtu
     assert status == 0
     out = capsys.readouterr().out
     doc = json.loads(out)  # exactly one document
-    assert set(doc) == {"device", "baseline_gbps", "results"}
+    assert set(doc) == {"device", "baseline_gbps", "limit_gbps", "limit_gbps_by_op", "results"}
     assert doc["device"] == "cpu"
     assert doc["baseline_gbps"] > 0
+    assert doc["limit_gbps"] > 0
+    assert set(doc["limit_gbps_by_op"]) == {"backup", "load_layer"}
     results = doc["results"]
     assert len(results) == 2 * 2 * 2 * 2  # layouts x page sizes x ops x methods
     seen = set()
     for r in results:
         assert set(r) == RESULT_KEYS
+        limit = doc["limit_gbps_by_op"][r["op"]]
+        assert r["ratio_to_limit"] == pytest.approx(r["gbps"] / limit, abs=2e-3)
         assert r["op"] in ("backup", "load_layer")
         assert r["method"] in ("hicache", "naive")
         assert r["backend"] == ("naive" if r["method"] == "naive" else "memcpy")

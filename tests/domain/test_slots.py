@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import threading
+import tracemalloc
 
 import pytest
 
@@ -30,6 +32,37 @@ def test_pages_come_lowest_first() -> None:
     assert a.free_count() == 3
     assert a.used_count() == 5
     assert repr(a) == "<PageAllocator kv: 5/8 pages used>"
+
+
+def test_pages_come_lowest_first_after_any_mix_of_frees() -> None:
+    rng = random.Random(7)
+    a = PageAllocator(64, name="kv")
+    held: set[int] = set()
+    for _ in range(300):
+        if held and rng.random() < 0.5:
+            give = rng.sample(sorted(held), rng.randint(1, len(held)))
+            a.free(give)
+            held.difference_update(give)
+        else:
+            n = rng.randint(0, a.free_count())
+            expect = sorted(set(range(64)) - held)[:n]
+            assert a.allocate(n) == expect
+            held.update(expect)
+        assert a.free_count() == 64 - len(held)
+
+
+def test_a_large_pool_keeps_no_list_of_every_page() -> None:
+    # 8M pages: one flag byte per page (8 MiB), not a Python list of 8M ints (~290 MiB) that a
+    # free would have to re-sort.
+    tracemalloc.start()
+    try:
+        a = PageAllocator(8 * 1024 * 1024, name="kv")
+        a.free(a.allocate(16))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 1024 * 1024
+    assert a.allocate(2) == [0, 1]
 
 
 def test_double_free_raises_and_changes_nothing() -> None:

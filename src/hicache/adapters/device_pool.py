@@ -4,7 +4,11 @@
   torch.device, checking up front that a GPU is really there.
 - DevicePool: one pool's buffers on the device, per buffer a tuple of per-layer tensors of shape
   (capacity, *row) like a framework's ``k_buffer[layer]``; DevicePool.allocate(plan, ...) makes
-  them, DevicePool.wrap(plan, buffers) checks and adopts a framework's tensors.
+  them, DevicePool.wrap(plan, buffers) checks and adopts a framework's tensors as views, without
+  a copy: (capacity, *row) contiguous; the same with size-1 axes added or dropped (SGLang's MLA
+  buffer (N, 1, 576)); or paged (blocks, page_size, *row) with each page contiguous and any page
+  stride (vLLM's FlashInfer cache (blocks, 2, block_size, H, D) passed as ``t[:, 0]``/``t[:, 1]``).
+- DevicePool.paged / paged_stacked: per-layer (pages, page_size, *row) views, what copies use.
 - DeviceGroup: the device pools of one host group plan; DeviceGroup.allocate / DeviceGroup.wrap.
 
 Device page ``p`` of a pool is its units ``[p * page_size, (p + 1) * page_size)``; state pools
@@ -14,6 +18,7 @@ its capacity must equal the anchor's. fp8 buffers are held as uint8 views (raw b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 
@@ -74,6 +79,15 @@ def _check_capacity(plan: PoolPlan, capacity: object) -> int:
     return capacity
 
 
+def _capacity_stacked(
+    layers: Sequence[torch.Tensor], capacity: int, spec: BufferSpec
+) -> torch.Tensor | None:
+    """(L, capacity, *row) over wrapped layers given as (capacity, *row) or size-1 variants."""
+    if any(t.shape[0] != capacity or not t.is_contiguous() for t in layers):
+        return None  # paged buffers: only paged_stacked applies
+    return _layer_strided([t.view(capacity, *spec.shape) for t in layers])
+
+
 def _layer_strided(layers: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """One (L, *shape) view over per-layer tensors that sit at a constant stride in one storage."""
     first = layers[0]
@@ -121,6 +135,13 @@ class DevicePool:
         self.owned = owned
         self._buffers = {k: tuple(v) for k, v in buffers.items()}
         self._stacked = dict(stacked)
+        specs = {b.name: tuple(b.shape) for b in plan.geometry.buffers}
+        page = plan.page_size
+        self._paged = {
+            k: tuple(_paged_view(f"buffer {k!r}", t, specs[k], page) for t in v)
+            for k, v in self._buffers.items()
+        }
+        self._paged_stacked = {k: _layer_strided(v) for k, v in self._paged.items()}
         self._closed = False
 
     @classmethod
@@ -208,7 +229,7 @@ class DevicePool:
         if cap is None or device is None:  # plan.layers >= 1 guarantees both
             raise DeviceError(f"pool {pool!r} has no layers to wrap")
         _check_capacity(plan, cap)
-        stacked = {name: _layer_strided(ts) for name, ts in adopted.items()}
+        stacked = {name: _capacity_stacked(ts, cap, specs[name]) for name, ts in adopted.items()}
         return cls(plan, device=device, capacity=cap, buffers=adopted, stacked=stacked, owned=False)
 
     # -- what the pool is ---------------------------------------------------------------------
@@ -235,7 +256,7 @@ class DevicePool:
 
     @property
     def buffers(self) -> Mapping[str, tuple[torch.Tensor, ...]]:
-        """Buffer name -> per-layer tensors of shape (capacity, *row)."""
+        """Buffer name -> per-layer tensors as allocated (capacity, *row) or as the framework gave them."""
         self._check_open()
         return MappingProxyType(self._buffers)
 
@@ -257,6 +278,16 @@ class DevicePool:
         self._check_open()
         return self._stacked.get(buffer)
 
+    def paged(self, buffer: str) -> tuple[torch.Tensor, ...]:
+        """Per-layer (pages, page_size, *row) views of ``buffer`` (what the copy backends use)."""
+        self._check_open()
+        return self._paged[buffer]
+
+    def paged_stacked(self, buffer: str) -> torch.Tensor | None:
+        """All layers as one (L, pages, page_size, *row) view, when they share a stride."""
+        self._check_open()
+        return self._paged_stacked.get(buffer)
+
     @property
     def nbytes(self) -> int:
         return self.capacity * self.plan.bytes_per_unit
@@ -270,6 +301,8 @@ class DevicePool:
         self._closed = True
         self._buffers.clear()
         self._stacked.clear()
+        self._paged.clear()
+        self._paged_stacked.clear()
 
     def __repr__(self) -> str:
         how = "allocated" if self.owned else "wrapped"
@@ -300,22 +333,68 @@ def _check_layer(
             f"{where}: dtype {t.dtype} does not match the plan's {spec.dtype.value} "
             f"(expected {' or '.join(str(d) for d in accepted)})"
         )
-    row = tuple(spec.shape)
-    if t.dim() != 1 + len(row) or tuple(t.shape[1:]) != row:
-        raise DeviceError(
-            f"{where}: shape {tuple(t.shape)} does not match the plan: expected "
-            f"(capacity, {', '.join(str(d) for d in row)})"
-        )
-    rows = int(t.shape[0])
+    if t.requires_grad:
+        raise DeviceError(f"{where}: tensor requires grad; a cache buffer must not")
+    rows = int(_paged_view(where, t, tuple(spec.shape), plan.page_size).shape[0]) * plan.page_size
     if capacity is not None and rows != capacity:
         raise DeviceError(
             f"{where}: has {rows} {plan.unit.value}s, the pool's capacity is {capacity}"
         )
-    if not t.is_contiguous():
-        raise DeviceError(f"{where}: tensor is not contiguous (strides {tuple(t.stride())})")
-    if t.requires_grad:
-        raise DeviceError(f"{where}: tensor requires grad; a cache buffer must not")
     return rows, t.device
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out, step = [], 1
+    for size in reversed(shape):
+        out.append(step)
+        step *= size
+    return tuple(reversed(out))
+
+
+def _dense(t: torch.Tensor, first: int) -> bool:
+    """Whether axes ``first..`` of ``t`` are laid out contiguously (size-1 axes may stride freely)."""
+    want = _contiguous_strides(t.shape[first:])
+    return all(
+        size == 1 or stride == w
+        for size, stride, w in zip(t.shape[first:], t.stride()[first:], want, strict=True)
+    )
+
+
+def _paged_view(where: str, t: torch.Tensor, row: tuple[int, ...], page: int) -> torch.Tensor:
+    """``t`` as a (pages, page, *row) view (no copy), or a DeviceError saying what was expected.
+
+    Accepted: (capacity, *row) contiguous; (capacity, *row') where row' is row with size-1 axes
+    added or dropped (SGLang's MLA (N, 1, 576) for row (576,)), contiguous; (blocks, page, *row)
+    with every page contiguous and pages at any stride >= one page (vLLM's FlashInfer
+    ``kv_cache[:, 0]`` of a (blocks, 2, block_size, H, D) cache).
+    """
+    shape = tuple(int(d) for d in t.shape)
+    expected = (
+        f"expected (capacity, {', '.join(str(d) for d in row)}) contiguous, the same with size-1 "
+        f"axes, or (blocks, {page}, {', '.join(str(d) for d in row)}) with contiguous pages"
+    )
+    unit_elems = math.prod(row)
+    if len(shape) == 2 + len(row) and shape[1] == page and shape[2:] == row and len(shape) > 1:
+        if not _dense(t, 1):
+            raise DeviceError(
+                f"{where}: the pages of shape {shape} are not contiguous (strides "
+                f"{tuple(t.stride())}); {expected}"
+            )
+        if shape[0] > 1 and t.stride(0) < page * unit_elems:
+            raise DeviceError(f"{where}: pages overlap (page stride {t.stride(0)}); {expected}")
+        return t
+    if len(shape) >= 1 and tuple(d for d in shape[1:] if d != 1) == tuple(d for d in row if d != 1):
+        if not t.is_contiguous():
+            raise DeviceError(
+                f"{where}: tensor is not contiguous (shape {shape}, strides "
+                f"{tuple(t.stride())}); {expected}"
+            )
+        if shape[0] % page:
+            raise DeviceError(
+                f"{where}: {shape[0]} rows are not a whole number of pages of {page}; {expected}"
+            )
+        return t.view(shape[0] // page, page, *row)
+    raise DeviceError(f"{where}: shape {shape} does not match the plan: {expected}")
 
 
 class DeviceGroup:

@@ -92,6 +92,9 @@ class Runtime:
             return
         self._closed = True
         try:
+            close_transfer = getattr(self.transfer, "close", None)
+            if callable(close_transfer):
+                close_transfer()  # the copy backends' views of host and device memory go first
             self.streams.close()
         finally:
             try:

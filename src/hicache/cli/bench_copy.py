@@ -90,8 +90,11 @@ def _layouts(text: str) -> tuple[Layout, ...]:
 
 
 def render_table(doc: dict[str, Any]) -> str:
-    head = f"device {doc['device']}   baseline (contiguous copy) {doc['baseline_gbps']:.2f} GB/s"
-    cols = ("layout", "page", "op", "method", "backend", "GB/s", "x baseline")
+    head = (
+        f"device {doc['device']}   baseline (contiguous copy) {doc['baseline_gbps']:.2f} GB/s"
+        f"   limit (one native copy) {doc['limit_gbps']:.2f} GB/s"
+    )
+    cols = ("layout", "page", "op", "method", "backend", "GB/s", "x baseline", "x limit")
     rows = [cols] + [
         (
             r["layout"],
@@ -101,6 +104,7 @@ def render_table(doc: dict[str, Any]) -> str:
             r["backend"],
             f"{r['gbps']:.2f}",
             f"{r['ratio_to_baseline']:.2f}",
+            f"{r['ratio_to_limit']:.2f}",
         )
         for r in doc["results"]
     ]

@@ -1,6 +1,8 @@
 """Slot bookkeeping: page-granular free lists and atomic allocation across a group's pools.
 
-- PageAllocator: one pool's free list of page ids; thread-safe; double free and foreign ids raise.
+- PageAllocator: one pool's free pages, lowest id first; allocate and free cost O(k log n) for k
+  pages touched (a heap of freed ids below a never-used watermark, plus a free flag per page);
+  thread-safe; double free and foreign ids raise.
 - GroupAllocation: the pages one allocation took from each slot-owning pool (sidecars follow the
   anchor and have no list of their own).
 - GroupAllocator: allocates from the anchor and the independent pools of a group all or nothing,
@@ -9,6 +11,7 @@
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -19,15 +22,21 @@ from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
 
 
 class PageAllocator:
-    """A free list of page ids ``0..pages-1``; lowest ids first; safe to share between threads."""
+    """The free pages ``0..pages-1``, handed out lowest id first; safe to share between threads.
+
+    Pages at or above ``_watermark`` have never been handed out and are free without being
+    listed; freed pages below it sit in a min-heap. So the lowest free page is the heap's top
+    if the heap is not empty, else the watermark, and one allocate or free of k pages costs
+    O(k log n) whatever the pool size (no list of every page, no re-sort).
+    """
 
     def __init__(self, pages: int, *, name: str = "pool") -> None:
-        if not isinstance(pages, int) or pages < 0:
+        if not isinstance(pages, int) or isinstance(pages, bool) or pages < 0:
             raise ConfigError(f"pages must be a non-negative integer, got {pages!r}")
         self._name = name
         self._pages = pages
-        # Kept as a descending list so pop() hands out the lowest id: deterministic and cheap.
-        self._free = list(range(pages - 1, -1, -1))
+        self._watermark = 0  # pages >= this were never handed out: all free
+        self._freed: list[int] = []  # min-heap of free pages below the watermark
         self._is_free = bytearray(b"\x01") * pages
         self._lock = threading.Lock()
 
@@ -41,7 +50,10 @@ class PageAllocator:
 
     def free_count(self) -> int:
         with self._lock:
-            return len(self._free)
+            return self._free_locked()
+
+    def _free_locked(self) -> int:
+        return len(self._freed) + self._pages - self._watermark
 
     def used_count(self) -> int:
         return self._pages - self.free_count()
@@ -62,11 +74,16 @@ class PageAllocator:
         if not isinstance(n, int) or n < 0:
             raise ConfigError(f"page count must be a non-negative integer, got {n!r}")
         with self._lock:
-            if n > len(self._free):
+            available = self._free_locked()
+            if n > available:
                 raise OutOfSlotsError(
-                    f"pool {self._name!r} has {len(self._free)} free pages, {n} were asked"
+                    f"pool {self._name!r} has {available} free pages, {n} were asked"
                 )
-            taken = [self._free.pop() for _ in range(n)]
+            from_heap = min(n, len(self._freed))
+            taken = [heapq.heappop(self._freed) for _ in range(from_heap)]
+            fresh = n - from_heap
+            taken.extend(range(self._watermark, self._watermark + fresh))
+            self._watermark += fresh
             for p in taken:
                 self._is_free[p] = 0
             return taken
@@ -89,11 +106,9 @@ class PageAllocator:
         ids = list(pages)
         with self._lock:
             self._check_free_locked(ids)
-            for p in sorted(ids, reverse=True):
+            for p in ids:
                 self._is_free[p] = 1
-                self._free.append(p)
-            # Keep lowest-first order for the next allocations.
-            self._free.sort(reverse=True)
+                heapq.heappush(self._freed, p)
 
     def __repr__(self) -> str:
         return f"<PageAllocator {self._name}: {self.used_count()}/{self._pages} pages used>"

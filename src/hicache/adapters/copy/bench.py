@@ -3,8 +3,9 @@
 - BenchSettings: device, page sizes, layouts, host memory kind, repeats, backend, geometry.
 - run_copy_bench: measures, in one process and under one torch thread count, a contiguous copy
   of the same bytes (the baseline), the naive peer method and hicache's chosen backend, for the
-  all-layer backup and for per-layer loads of every layer one after another; returns the JSON
-  document of the command.
+  all-layer backup and for per-layer loads of every layer one after another, and the machine's
+  limit (one native memcpy of the same bytes in a single call on CPU; one contiguous copy on a
+  GPU); returns the JSON document of the command.
 
 The synthetic pool: one MHA pool of ``layers`` layers (32), bf16, 8 KV heads x head_dim 64 for K
 and for V (1 KiB + 1 KiB = 2 KiB per token per layer, 64 KiB per token over all layers); host and
@@ -23,6 +24,7 @@ import attrs
 import numpy as np
 import torch
 
+from hicache.adapters.copy.native import load_native
 from hicache.adapters.copy.transfer import GroupTransfer, check_backend_name
 from hicache.adapters.device_pool import DeviceGroup, parse_torch_device
 from hicache.adapters.host_pool import materialise_host_group
@@ -178,6 +180,7 @@ def _run(s: BenchSettings, dev: torch.device, say: Callable[[str], None]) -> dic
     base_backup.clear()
     for _ in range(s.repeats):
         sample_baseline()
+    limit = _limit_gbps(clock, dev, host_buf, dev_buf, s.repeats)
 
     rng = np.random.default_rng(s.seed)
     first = _plan(s, s.layouts[0], s.page_sizes[0])
@@ -228,7 +231,14 @@ def _run(s: BenchSettings, dev: torch.device, say: Callable[[str], None]) -> dic
     for r in raw:
         gbps = nbytes / r.pop("seconds") / 1e9
         base = load_gbps if r["op"] == "load_layer" else backup_gbps
-        results.append({**r, "gbps": round(gbps, 3), "ratio_to_baseline": round(gbps / base, 3)})
+        results.append(
+            {
+                **r,
+                "gbps": round(gbps, 3),
+                "ratio_to_baseline": round(gbps / base, 3),
+                "ratio_to_limit": round(gbps / limit[r["op"]], 3),
+            }
+        )
     baseline = statistics.median(
         [nbytes / t / 1e9 for t in base_load]
         + ([] if dev.type == "cuda" else [nbytes / t / 1e9 for t in base_backup])
@@ -237,7 +247,42 @@ def _run(s: BenchSettings, dev: torch.device, say: Callable[[str], None]) -> dic
         # On CPU both directions are the same memcpy: one baseline for every ratio.
         for r in results:
             r["ratio_to_baseline"] = round(r["gbps"] / baseline, 3)
-    return {"device": str(dev), "baseline_gbps": round(baseline, 3), "results": results}
+    return {
+        "device": str(dev),
+        "baseline_gbps": round(baseline, 3),
+        "limit_gbps": round(statistics.median(limit.values()), 3),
+        "limit_gbps_by_op": {op: round(v, 3) for op, v in limit.items()},
+        "results": results,
+    }
+
+
+def _limit_gbps(
+    clock: _Clock, dev: torch.device, host_buf: torch.Tensor, dev_buf: torch.Tensor, repeats: int
+) -> dict[str, float]:
+    """The machine's limit per op: the same bytes in one call of the fastest plain copy.
+
+    CPU: one native memcpy (the "memcpy" backend's own loop, streaming stores) of the whole
+    buffer, both directions being the same operation. GPU: one contiguous pinned copy per
+    direction (one cudaMemcpyAsync: the copy engine's limit).
+    """
+    nbytes = host_buf.numel()
+    if dev.type != "cpu":
+
+        def one(fn: Callable[[], object]) -> float:
+            clock.time(fn)
+            return nbytes / statistics.median(clock.time(fn) for _ in range(repeats)) / 1e9
+
+        return {
+            "load_layer": one(lambda: dev_buf.copy_(host_buf, non_blocking=True)),
+            "backup": one(lambda: host_buf.copy_(dev_buf, non_blocking=True)),
+        }
+    lib = load_native()
+    zero = np.zeros(1, dtype=np.int64)
+    size = np.array([nbytes], dtype=np.int64)
+    dst = np.array([dev_buf.data_ptr()], dtype=np.int64)
+    src = np.array([host_buf.data_ptr()], dtype=np.int64)
+    gbps = nbytes / _median(clock, lambda: lib.copy(dst, src, zero, zero, size), repeats, True)
+    return {"load_layer": gbps / 1e9, "backup": gbps / 1e9}
 
 
 def _op(

@@ -4,6 +4,8 @@
   cuMemcpyBatchAsync is taken with cuGetProcAddress at its CUDA 12.8 ABI (the 9-argument form
   with failIdx), which every later driver keeps serving under that version.
 - cuda_batch_status: (available, reason) without raising.
+- probe_batch: one real 3-copy cuMemcpyBatchAsync (pinned host to device) checked byte-exact, so
+  a driver that serves a different signature fails loudly (scripts/gpu-check runs it first).
 - CudaBatchBackend ("cuda_batch"): builds the (dst, src, size) arrays of a copy with numpy from
   the same byte-level description the CPU memcpy backend uses (runs coalesced where both sides
   are contiguous) and submits them as one batch (at most 65536 copies per call).
@@ -228,6 +230,43 @@ def cuda_batch_status() -> tuple[bool, str]:
     return True, f"CUDA driver {driver.version}"
 
 
+def probe_batch(index: int = 0) -> str:
+    """Run one batch of 3 copies through the driver and check every byte; returns a summary.
+
+    Raises TransferError if the driver refuses the call or the bytes differ (what a wrong
+    signature, e.g. one without failIdx, would produce).
+    """
+    ok, why = cuda_batch_status()
+    if not ok:
+        raise TransferError(f"cuMemcpyBatchAsync cannot run here: {why}")
+    driver = cuda_driver()
+    dev = torch.device("cuda", index)
+    sizes = [4096, 1, 65536 + 3]
+    src = torch.randint(0, 256, (sum(sizes),), dtype=torch.uint8).pin_memory()
+    dst = torch.zeros(sum(sizes) + 64, dtype=torch.uint8, device=dev)
+    offsets = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+    # Scattered and unaligned on the device side (the copies do not overlap there).
+    dst_off = np.array([0, sizes[0] + 5, sizes[0] + 17], dtype=np.int64) + 7
+    stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
+    driver.run_batch(
+        index,
+        int(stream.cuda_stream),
+        dst_off + dst.data_ptr(),
+        offsets + src.data_ptr(),
+        np.asarray(sizes, dtype=np.int64),
+        "probe",
+    )
+    stream.synchronize()
+    host = dst.cpu()
+    for a, b, n in zip(offsets.tolist(), dst_off.tolist(), sizes, strict=True):
+        if not torch.equal(host[b : b + n], src[a : a + n]):
+            raise TransferError(
+                f"cuMemcpyBatchAsync (ABI {BATCH_ABI_VERSION}) returned success but copy of {n} B "
+                f"to offset {b} differs: the driver's signature is not the one hicache calls"
+            )
+    return f"cuMemcpyBatchAsync ABI {BATCH_ABI_VERSION} on CUDA driver {driver.version}: 3 copies exact"
+
+
 def _flat(
     bp: BufferPair, layers: Sequence[int] | None, pages: PageSet, *, load: bool
 ) -> tuple[I64, I64, I64]:
@@ -296,4 +335,4 @@ class CudaBatchBackend(Backend):
         self._run(layers, pages, load=False)
 
 
-__all__ = ["CudaBatchBackend", "CudaDriver", "cuda_batch_status", "cuda_driver"]
+__all__ = ["CudaBatchBackend", "CudaDriver", "cuda_batch_status", "cuda_driver", "probe_batch"]

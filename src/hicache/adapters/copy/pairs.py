@@ -94,7 +94,9 @@ class BufferPair:
         self.host = logical_host_view(host, layout, page_size)  # (L, Hpages, P, *R)
         layers = self.host.shape[0]
         row = tuple(self.host.shape[3:])
-        dev_pages = device_layers[0].shape[0] // page_size
+        # Device layers come as (capacity, *row) or already paged (pages, page_size, *row) with
+        # pages at any stride (DevicePool.paged): viewing either as the paged shape is free.
+        dev_pages = device_layers[0].numel() // (page_size * math.prod(row))
         self.device = tuple(t.view(dev_pages, page_size, *row) for t in device_layers)
         self.device_all = (
             None
@@ -165,8 +167,8 @@ class PoolPair:
                 host=host.buffers[spec.name],
                 layout=hp.layout,
                 page_size=hp.page_size,
-                device_layers=device.buffers[spec.name],
-                device_stacked=device.stacked(spec.name),
+                device_layers=device.paged(spec.name),
+                device_stacked=device.paged_stacked(spec.name),
             )
             for spec in hp.geometry.buffers
         )

@@ -11,6 +11,12 @@
     number of pages. On a GPU every call takes the runs path: a staged copy there would have to
     wait on the host (for the staging to drain, or for the bytes to arrive before scattering),
     and copies are issued from the engine's event-loop thread, which must never block.
+- GPU pieces: torch copies a non-contiguous pinned host view (a run of page_first,
+  page_first_direct over several pages, or page_head) through an unpinned contiguous temporary,
+  synchronously, blocking the calling thread. So on a GPU each run is split, on both sides in
+  lockstep, into the largest views that are contiguous on both (whole runs where the layout
+  allows, else a page of a layer, else a token row or a head row), and each piece goes out as
+  ``copy_(non_blocking=True)`` straight from the pinned pool: nothing waits on the host.
 
 Each instance keeps one staging per direction: run at most one load and one backup at a time
 per instance (the engine has one copy worker per direction).
@@ -24,6 +30,7 @@ import torch
 
 from hicache.adapters.copy.base import Backend
 from hicache.adapters.copy.pairs import BufferPair, PageSet, PoolPair
+from hicache.domain import TransferError
 
 # Average bytes per run (per buffer, per layer) from which one copy per run is used instead of
 # the staged gather/scatter. Measured with `hicache bench copy --backend torch`: at 16 KiB the
@@ -124,5 +131,28 @@ class TorchBackend(Backend):
         if self.on_cpu:
             torch._foreach_copy_(dst, src)
             return
-        for d, s in zip(dst, src, strict=True):
+        for d, s in contiguous_pieces(dst, src):
             d.copy_(s, non_blocking=True)
+
+
+def contiguous_pieces(
+    dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Pairs of same-shape views split along their leading axes until both are contiguous.
+
+    A pair already contiguous on both sides stays one piece; otherwise both are split along
+    axis 0 (and again, as deep as needed). The result copies exactly the same elements.
+    """
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    todo = list(zip(dst, src, strict=True))
+    while todo:
+        d, s = todo.pop()
+        if d.shape != s.shape:
+            raise TransferError(
+                f"copy pieces of different shapes: {tuple(d.shape)} and {tuple(s.shape)}"
+            )
+        if d.is_contiguous() and s.is_contiguous():
+            out.append((d, s))
+            continue
+        todo.extend(zip(reversed(d.unbind(0)), reversed(s.unbind(0)), strict=True))
+    return out

@@ -6,7 +6,8 @@
 - GroupTransfer: implements hicache.domain.ports.Transfer: per-layer load (host to device, one
   transfer layer of every pool that has it), all-layer backup and per-layer backup (device to
   host), byte counts; page maps are checked once and cached; a sidecar follows its anchor's
-  pages; every backend failure becomes a TransferError naming pool, layer and pages.
+  pages; every backend failure becomes a TransferError naming pool, layer and pages; close()
+  drops every view it holds of host and device memory.
 
 Selection: ``backend="auto"`` (the default) takes ``$HICACHE_COPY_BACKEND`` if set, else
 default_backend() for each pool. A backend that cannot run (no C compiler for memcpy, no CUDA
@@ -168,6 +169,22 @@ class GroupTransfer:
         self._sidecars = tuple(p.name for p in host.plan.pools if p.role is PoolRole.SIDECAR)
         self._cache: dict[tuple[PoolName, int], tuple[PageMap, PageSet]] = {}
         self._lock = threading.Lock()
+        self._closed = False
+
+    def close(self) -> None:
+        """Drop every view of host and device memory (buffer pairs, staging, cached page sets).
+
+        The host and device groups are closed by their owner (the runtime); after this, every
+        copy raises TransferError. Idempotent.
+        """
+        with self._lock:
+            self._closed = True
+            self._pools.clear()
+            self._cache.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # -- what it is -----------------------------------------------------------------------------
 
@@ -240,6 +257,8 @@ class GroupTransfer:
     # -- internals -----------------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        if self._closed:
+            raise TransferError("the transfer is closed: its runtime was closed")
         if self.host.closed:
             raise TransferError("the host group is closed: no copy can use its memory")
         if self.device.closed:

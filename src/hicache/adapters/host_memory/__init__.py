@@ -20,7 +20,13 @@ from hicache.adapters.host_memory.pinned import (
     gpu_available,
     require_gpu,
 )
-from hicache.adapters.host_memory.shm import SegmentInfo, ShmRegion, gc_segments, list_segments
+from hicache.adapters.host_memory.shm import (
+    SegmentInfo,
+    ShmRegion,
+    gc_segments,
+    list_segments,
+    remove_owned_segments,
+)
 from hicache.adapters.host_memory.store import (
     StoreBuffer,
     StoreMemoryProvider,
@@ -114,6 +120,7 @@ __all__ = [
     "open_region",
     "parse_device",
     "register_store_provider",
+    "remove_owned_segments",
     "should_pin",
     "store_provider",
     "unregister_store_provider",

@@ -15,7 +15,7 @@ import mmap
 
 import torch
 
-from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes
+from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes, release_range
 from hicache.domain import ConfigError, HostMemoryError, MemoryKind
 
 PAGE_BYTES = mmap.PAGESIZE
@@ -101,11 +101,12 @@ class AnonymousRegion(ViewedRegion):
         return cls(nbytes, huge_pages=huge_pages)
 
     def close(self) -> None:
-        # Drop our references only: torch.frombuffer does not hold a buffer export, so an
-        # explicit mmap.close() would unmap memory under views that still exist. The mapping
-        # goes as soon as the last view does (at once when there is none).
+        """Give the memory back now, even if tensors still view it (see release_range)."""
+        if self._mmap is None:
+            return
+        release_range(self._address, self.nbytes)
         self._tensor = None
-        self._mmap = None
+        self._mmap = None  # unmaps the placeholder once no view is left
 
     def __repr__(self) -> str:
         if self.closed:

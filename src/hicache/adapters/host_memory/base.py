@@ -3,13 +3,18 @@
 - HostRegion: one exact-size host mapping (anonymous, shared or store-owned), optionally pinned,
   viewable as a torch uint8 tensor without a copy; closes idempotently.
 - check_nbytes: the one size check every region constructor applies (a positive int, no bool).
+- release_range: give a mapped range's memory back at close even while tensors still view it
+  (an inaccessible placeholder mapping replaces it until the last view goes).
 """
 
 from __future__ import annotations
 
 import abc
+import ctypes
+import mmap
+import os
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -21,6 +26,52 @@ def check_nbytes(nbytes: object, what: str = "host region size") -> int:
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
         raise ConfigError(f"{what} must be a positive integer number of bytes, got {nbytes!r}")
     return nbytes
+
+
+_PROT_NONE = 0
+_MAP_PRIVATE = 0x02
+_MAP_FIXED = 0x10
+_MAP_ANONYMOUS = 0x20
+_MAP_NORESERVE = 0x4000
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _libc_mmap() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = libc.mmap
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    return fn
+
+
+_mmap_fn = _libc_mmap()
+
+
+def release_range(address: int, nbytes: int) -> None:
+    """Replace ``[address, address + nbytes)`` with an inaccessible, unbacked placeholder.
+
+    The pages of the old mapping (anonymous memory, or a shared segment's pages in this process)
+    are given back at once, whoever still holds a tensor viewing them: the Python mmap object
+    that owns the range munmaps the placeholder when its last view is gone, and nothing else can
+    be mapped there before. A stale view that is still used after close faults (SIGSEGV) instead
+    of reading memory of someone else. Call it before dropping the mmap object.
+    """
+    length = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+    flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE
+    got = _mmap_fn(address, length, _PROT_NONE, flags, -1, 0)
+    if got == _MAP_FAILED or got != address:
+        err = ctypes.get_errno()
+        raise HostMemoryError(
+            f"cannot release {length} B of host memory at 0x{address:x}: "
+            f"{os.strerror(err)} (errno {err})"
+        )
 
 
 _Region = TypeVar("_Region", bound="HostRegion")

@@ -5,6 +5,8 @@
 - SegmentInfo: name, owner pid, whether the owner is alive, size in bytes.
 - list_segments: every hicache segment under /dev/shm.
 - gc_segments: remove the segments whose owner died; returns the names removed.
+- remove_owned_segments: unlink every segment this process owns now (what the SIGTERM/SIGINT
+  hook runs; for applications whose own signal handlers replace hicache's).
 
 Naming and ownership: a segment is named ``hicache-<owner pid>-<16 hex digits>``, created with
 O_CREAT | O_EXCL and mode 0600. The owner holds an exclusive flock on it for its whole life,
@@ -12,6 +14,16 @@ removes it on close(), when the region is garbage-collected and at normal interp
 (weakref.finalize, so a live region is not kept alive by the exit hook). A crashed owner
 (SIGKILL, OOM kill) cannot remove it: the next ShmRegion.create in any process (once per process)
 and ``hicache shm gc`` remove segments whose owner pid is dead and whose lock is free.
+
+Robustness: a child forked from the owner (os.fork, multiprocessing's fork start method) closes
+its inherited copy of the owner's lock descriptor at once (os.register_at_fork), so the lock dies
+with the owner, not with an unrelated child; exec'd children never get it (O_CLOEXEC). Clean-up
+opens only regular files of this user whose name matches ``hicache-<pid>-<16 hex>`` exactly, and
+opens them O_NONBLOCK | O_NOFOLLOW after an lstat, so a FIFO, symlink or device planted under a
+segment-like name is skipped and can never block it. At the first segment created from the main
+thread, hicache hooks SIGTERM and SIGINT: the hook unlinks this process's segments, then hands
+the signal on to the handler that was there before (the default action, or the application's
+handler); a signal the application ignores (SIG_IGN) is left ignored and removes nothing.
 multiprocessing.shared_memory is deliberately not used: its resource tracker unlinks a segment
 when a process that only attached to it exits.
 """
@@ -25,22 +37,25 @@ import mmap
 import os
 import re
 import secrets
+import signal
+import stat
 import threading
 import weakref
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import attrs
 import torch
 
 from hicache.adapters.host_memory.anonymous import prefault
-from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes
+from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes, release_range
 from hicache.domain import ConfigError, HiCacheError, HostMemoryError, MemoryKind
 
 SHM_DIR = Path("/dev/shm")
 NAME_PREFIX = "hicache-"
 SEGMENT_MODE = 0o600
-_NAME_RE = re.compile(r"^hicache-([1-9][0-9]{0,9})-([0-9a-f]{8,64})$")
+_NAME_RE = re.compile(r"^hicache-([1-9][0-9]{0,9})-([0-9a-f]{16})$")
 _PID_MAX_LIMIT = 1 << 22  # Linux never hands out a pid above this (PID_MAX_LIMIT)
 
 
@@ -112,6 +127,8 @@ def list_segments() -> list[SegmentInfo]:
             st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:
             continue  # removed while we looked
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a FIFO, symlink or device under a segment-like name is no segment
         found.append(SegmentInfo(entry.name, pid, _pid_alive(pid), st.st_size))
     return found
 
@@ -132,16 +149,26 @@ def gc_segments() -> list[str]:
 
 def _remove_if_unlocked(path: Path) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        st = os.lstat(path)
     except OSError:
-        return False  # gone already, or someone else's
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        return False  # not a segment, or not ours to remove: never opened
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
     try:
+        fd = os.open(path, flags)
+    except OSError:
+        return False  # gone already, swapped for a symlink, or someone else's
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) or opened.st_ino != st.st_ino:
+            return False  # swapped between the lstat and the open
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False  # its owner still holds it
         try:
-            if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+            if os.stat(path, follow_symlinks=False).st_ino != opened.st_ino:
                 return False  # replaced while we looked
             os.unlink(path)
         except OSError:
@@ -149,6 +176,72 @@ def _remove_if_unlocked(path: Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+# -- what this process owns: closed in forked children, unlinked on SIGTERM / SIGINT ------------
+
+# lock descriptor -> segment path, for the segments this process owns. Plain dict operations
+# (atomic under the GIL): the fork and signal hooks must not take a lock the interrupted code
+# may hold.
+_OWNED: dict[int, Path] = {}
+_OWNED_PID = os.getpid()
+_HOOKED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_previous_handlers: dict[int, Any] = {}
+
+
+def _forget_owned_in_child() -> None:
+    """After fork, in the child: drop the inherited lock descriptors (the lock is the owner's)."""
+    global _OWNED_PID
+    for fd in list(_OWNED):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _OWNED.clear()
+    _OWNED_PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forget_owned_in_child)
+
+
+def remove_owned_segments() -> list[str]:
+    """Unlink every segment this process owns (mappings stay valid); returns their names.
+
+    The SIGTERM/SIGINT hook calls this; an application that replaces hicache's handlers with
+    its own can call it from them. The segments' memory stays mapped until closed; other
+    processes can no longer attach to them.
+    """
+    removed: list[str] = []
+    if os.getpid() != _OWNED_PID:
+        return removed
+    for path in list(_OWNED.values()):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(path.name)
+    return removed
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if previous is signal.SIG_IGN:
+        return
+    remove_owned_segments()
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # SIG_DFL (or a handler not set from Python): take the default action, as without hicache.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _hook_signals() -> None:
+    """Chain SIGTERM and SIGINT to remove_owned_segments (main thread only; once per handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal.signal works only there; see docs/shm.md
+    for signum in _HOOKED_SIGNALS:
+        current = signal.getsignal(signum)
+        if current is _on_signal:
+            continue
+        _previous_handlers[signum] = current
+        signal.signal(signum, _on_signal)
 
 
 class _GcOnce:
@@ -174,7 +267,8 @@ _gc_once = _GcOnce()
 def _release_owned(path: Path, fd: int, owner_pid: int) -> None:
     """Finalizer of an owner: remove the segment and drop the lock (never in a forked child)."""
     if os.getpid() != owner_pid:
-        return
+        return  # the child closed its copy of ``fd`` right after the fork
+    _OWNED.pop(fd, None)
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -202,6 +296,7 @@ class ShmRegion(ViewedRegion):
         self._label = f"shared-memory region {name}"
         self._finalizer: weakref.finalize[Any, Any] | None = None
         if owner_fd is not None:
+            _OWNED[owner_fd] = self.path
             self._finalizer = weakref.finalize(
                 self, _release_owned, self.path, owner_fd, os.getpid()
             )
@@ -211,6 +306,7 @@ class ShmRegion(ViewedRegion):
         """A new segment of exactly ``nbytes`` (reserved and pre-faulted) owned by this process."""
         check_nbytes(nbytes)
         _gc_once()
+        _hook_signals()
         name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         path = SHM_DIR / name
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -221,20 +317,26 @@ class ShmRegion(ViewedRegion):
                 f"cannot create shared-memory segment {path}: {e.strerror} (errno {e.errno})"
             ) from e
         mapping: mmap.mmap | None = None
+        lock_fd: int | None = None
         try:
             os.fchmod(fd, SEGMENT_MODE)  # exactly 0600 whatever the umask
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # The lock lives on an open file description of its own: mmap keeps a dup of the
+            # mapping's descriptor, and a forked child would inherit that dup with the lock.
+            lock_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _reserve(fd, path, nbytes)
             mapping = mmap.mmap(
                 fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
             )
             view = torch.frombuffer(mapping, dtype=torch.uint8)
             prefault(mapping, view, write=True)
-            region = cls(name=name, mapping=mapping, view=view, owner_fd=fd)
+            region = cls(name=name, mapping=mapping, view=view, owner_fd=lock_fd)
         except BaseException as e:
             if mapping is not None:
                 mapping.close()
             _unlink_quietly(path)
+            if lock_fd is not None:
+                os.close(lock_fd)
             os.close(fd)
             if isinstance(e, OSError) and not isinstance(e, HiCacheError):
                 raise HostMemoryError(
@@ -242,6 +344,7 @@ class ShmRegion(ViewedRegion):
                     f"{e.strerror} (errno {e.errno})"
                 ) from e
             raise
+        os.close(fd)  # the mapping keeps its own descriptor; the lock has ``lock_fd``
         return region
 
     @classmethod
@@ -303,11 +406,19 @@ class ShmRegion(ViewedRegion):
         return self.name
 
     def close(self) -> None:
-        """Unmap (once no view is left); the owner also removes the segment. Idempotent."""
-        self._tensor = None
-        self._mmap = None  # see AnonymousRegion.close: views keep the mapping until they go
+        """Unlink (owner) and give the pages back now, even if tensors still view them.
+
+        The range becomes an inaccessible placeholder until the last view goes (release_range):
+        RSS and, once every process has unmapped it, /dev/shm go down at close, not at garbage
+        collection. Idempotent.
+        """
         if self._finalizer is not None:
             self._finalizer()  # runs once: unlink and drop the lock
+        if self._mmap is None:
+            return
+        release_range(self._address, self.nbytes)
+        self._tensor = None
+        self._mmap = None  # unmaps the placeholder once no view is left
 
     def __repr__(self) -> str:
         role = "owner" if self.owner else "attached"
