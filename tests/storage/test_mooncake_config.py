@@ -81,7 +81,7 @@ def test_every_bad_value_is_named_in_one_error() -> None:
 
 
 def test_no_source_naming_a_master_says_each_way_to_name_one() -> None:
-    with pytest.raises(ConfigError, match="MOONCAKE_CONFIG_PATH.*MOONCAKE_MASTER"):
+    with pytest.raises(ConfigError, match=r"MOONCAKE_CONFIG_PATH.*MOONCAKE_MASTER"):
         load_mooncake_config({"protocol": "tcp"}, environ={})
 
 

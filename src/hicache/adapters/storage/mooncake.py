@@ -178,7 +178,7 @@ class MooncakeStore:
         """
         try:
             from mooncake.store import MooncakeDistributedStore
-        except ImportError as e:
+        except (ImportError, OSError) as e:  # OSError: libibverbs.so.1 missing
             raise StoreError(f"the Mooncake client cannot be imported ({e}): {INSTALL_HINT}") from e
         deadline = time.monotonic() + config.setup_timeout_s
         host, port = config.master_host_port
