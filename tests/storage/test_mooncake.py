@@ -18,7 +18,7 @@ import torch
 from hicache.adapters.host_memory import open_region
 from hicache.adapters.storage.mooncake import MooncakeStore
 from hicache.adapters.storage.mooncake_config import load_mooncake_config
-from hicache.adapters.storage.mooncake_local import LocalMooncake, local_mooncake
+from hicache.adapters.storage.mooncake_local import LocalMooncake, local_mooncake, mooncake_store
 from hicache.domain import ConfigError, HostMemory, HostMemoryError, MemoryKind, Pinning, StoreError
 from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
 
@@ -340,3 +340,29 @@ def test_the_local_cluster_stops_every_process_by_pid() -> None:
         assert len(pids) == 2
         assert all(os.path.exists(f"/proc/{p}") for p in pids)
     assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+def test_a_store_without_a_named_master_starts_a_local_cluster_and_stops_it_afterwards() -> None:
+    with mooncake_store({"timeout_s": 3}, environ={}, segment_bytes=16 << 20) as (s, cluster):
+        assert cluster is not None
+        pids = cluster.pids
+        assert s.config.timeout_s == 3.0
+        assert s.config.master_server_address == cluster.master_address
+        src, bufs = _latent(2)
+        _fill(src, 9)
+        s.register([_mv(src)])
+        assert s.put(_keys("latent", 2), bufs) == [StoreStatus.OK] * 2
+    assert s.health().detail == "closed"
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+def test_a_store_with_a_named_master_starts_nothing(cluster: LocalMooncake) -> None:
+    env = {
+        "MOONCAKE_MASTER": cluster.master_address,
+        "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
+        "MOONCAKE_GLOBAL_SEGMENT_SIZE": "0",
+    }
+    with mooncake_store(None, env, provide_host_memory=False) as (s, started):
+        assert started is None
+        assert s.config.master_server_address == cluster.master_address
+        assert s.health().healthy

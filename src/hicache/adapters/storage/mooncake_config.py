@@ -5,6 +5,7 @@
 - load_mooncake_config: the one entry point; from the extra config when it names a master,
   else from the JSON file named by MOONCAKE_CONFIG_PATH (or SGLANG_HICACHE_MOONCAKE_CONFIG_PATH),
   else from the MOONCAKE_* environment variables; one ConfigError naming every bad value.
+- names_master: whether any of those sources names a master (a bench starts one otherwise).
 - parse_size: a byte size as an int or a string such as "4gb", "16 MB", "512MiB" (binary units).
 
 Defaults follow SGLang's python/sglang/srt/environ.py and
@@ -227,6 +228,19 @@ def _read_file(var: str, path: str) -> dict[str, object]:
             f"(known: {', '.join(KEYS)})"
         )
     return data
+
+
+def names_master(
+    extra_config: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether any source load_mooncake_config reads names a master (else one may be started)."""
+    env = os.environ if environ is None else environ
+    return (
+        "master_server_address" in (extra_config or {})
+        or any(env.get(var) for var in CONFIG_PATH_VARS)
+        or bool(env.get("MOONCAKE_MASTER"))
+    )
 
 
 def load_mooncake_config(

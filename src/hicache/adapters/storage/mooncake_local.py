@@ -8,6 +8,9 @@
   it, kill_node / kill_master to inject faults, close() that stops every process by pid.
 - local_mooncake: the context manager that starts one on free 127.0.0.1 ports and always stops
   it, leaving no process behind.
+- mooncake_store: a MooncakeStore on the cluster the settings name, or, when none names a
+  master, on a local cluster started for it (what `hicache bench storage --store mooncake` needs);
+  closes the store and stops what it started.
 
 The storage node is Mooncake's standalone client (``mooncake_client``): it mounts
 ``segment_bytes`` of its memory into the cluster, so pages put by a hicache process with a
@@ -24,9 +27,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from hicache.adapters.storage.mooncake import MooncakeStore
+from hicache.adapters.storage.mooncake_config import load_mooncake_config, names_master
 from hicache.domain import ConfigError, StoreError
 
 DEFAULT_SEGMENT_BYTES = 256 << 20
@@ -232,3 +237,29 @@ def local_mooncake(
         stack.callback(cluster.close)
         cluster.start(timeout_s)
         yield cluster
+
+
+@contextlib.contextmanager
+def mooncake_store(
+    extra_config: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    provide_host_memory: bool = True,
+) -> Iterator[tuple[MooncakeStore, LocalMooncake | None]]:
+    """(store, the local cluster started for it or None); both closed on exit.
+
+    When the extra config, MOONCAKE_CONFIG_PATH or MOONCAKE_MASTER names a master, the store
+    connects to it; otherwise a local master and a storage node of ``segment_bytes`` are started
+    and the store's other settings come from ``extra_config``.
+    """
+    with contextlib.ExitStack() as stack:
+        cluster: LocalMooncake | None = None
+        if names_master(extra_config, environ):
+            config = load_mooncake_config(extra_config, environ)
+        else:
+            cluster = stack.enter_context(local_mooncake(segment_bytes=segment_bytes))
+            config = load_mooncake_config(cluster.extra_config(**dict(extra_config or {})), {})
+        store = MooncakeStore.open(config, provide_host_memory=provide_host_memory)
+        stack.callback(store.close)
+        yield store, cluster
