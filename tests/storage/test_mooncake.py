@@ -16,11 +16,21 @@ import pytest
 import torch
 
 from hicache.adapters.host_memory import open_region
+from hicache.adapters.host_pool import materialise_host_group
 from hicache.adapters.storage.mooncake import MooncakeStore
 from hicache.adapters.storage.mooncake_config import load_mooncake_config
 from hicache.adapters.storage.mooncake_local import LocalMooncake, local_mooncake, mooncake_store
-from hicache.domain import ConfigError, HostMemory, HostMemoryError, MemoryKind, Pinning, StoreError
+from hicache.domain import (
+    ConfigError,
+    HostMemory,
+    HostMemoryError,
+    Layout,
+    MemoryKind,
+    Pinning,
+    StoreError,
+)
 from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
+from tests.adapters.test_pools import group_plan
 
 
 def _wheel_problem() -> str | None:
@@ -272,6 +282,34 @@ def test_a_second_store_cannot_take_over_the_host_memory_of_the_first(
 ) -> None:
     with pytest.raises(ConfigError, match="already has a host memory provider"):
         MooncakeStore.open(load_mooncake_config(cluster.extra_config()))
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla", "indexer", "state"])
+def test_every_pool_of_a_store_owned_host_group_round_trips_its_pages(
+    store: MooncakeStore, kind: str, request: pytest.FixtureRequest
+) -> None:
+    host = HostMemory(MemoryKind("store:mooncake"), Pinning.OFF)
+    plan, _ = group_plan(kind, Layout.PAGE_FIRST, memory=host)
+    namespace = _namespace(request)
+    with materialise_host_group(plan) as group:
+        assert {r.kind.name for _, _, r in group.regions()} == {"store:mooncake"}
+        for seed, (name, pool) in enumerate(group.pools.items()):
+            for buf in pool.regions.values():
+                _fill(buf.tensor(), 100 + seed)
+            pages = min(pool.pages, 4)
+            half = pages // 2
+            keys = _keys(name.value, half, namespace)
+            src = [[_mv(v) for v in pool.page_views(p)] for p in range(half)]
+            dst = [[_mv(v) for v in pool.page_views(p)] for p in range(half, 2 * half)]
+            for views in dst:
+                for v in views:
+                    v[:] = b"\x00" * v.nbytes
+            # One object per page per pool, straight from and into registered pool pages.
+            assert store.put(keys, src) == [StoreStatus.OK] * half
+            assert store.get(keys, dst) == [StoreStatus.OK] * half
+            for p in range(half):
+                for a, b in zip(pool.page_views(p), pool.page_views(half + p), strict=True):
+                    assert _same_bytes(a, b)
 
 
 # --- faults --------------------------------------------------------------------------------
