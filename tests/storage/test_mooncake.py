@@ -29,7 +29,7 @@ from hicache.domain import (
     Pinning,
     StoreError,
 )
-from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
+from hicache.domain.storage import PageBuffer, Store, StoreKey, StoreStatus
 from tests.adapters.test_pools import group_plan
 
 
@@ -138,6 +138,12 @@ def test_pages_round_trip_byte_exact_through_the_storage_node(
     assert store.put(keys, src_bufs) == [StoreStatus.OK] * 6
     assert store.get(keys, dst_bufs) == [StoreStatus.OK] * 6
     assert _same_bytes(src, dst)
+
+
+def test_the_mooncake_store_is_a_store_of_the_port(store: MooncakeStore) -> None:
+    assert isinstance(store, Store)
+    assert store.name == "mooncake"
+    assert store.health().healthy
 
 
 def test_putting_a_page_twice_is_ok_and_keeps_one_object(
