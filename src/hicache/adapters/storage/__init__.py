@@ -1,0 +1,1 @@
+"""Storage adapters: the L3 stores behind the storage port (hicache.domain.storage)."""
