@@ -18,7 +18,8 @@ slot allocators and transfer engine.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence as Seq
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 
 import attrs
 import torch

@@ -12,10 +12,10 @@ from typing import Any
 
 
 def write_timeline(timelines: Sequence[dict[str, Any]], path: str) -> None:
-    import matplotlib
+    import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
 
     fig, axes = plt.subplots(len(timelines), 1, figsize=(9, 1.6 + 1.2 * len(timelines)))
     axes = list(axes) if len(timelines) > 1 else [axes]

@@ -14,7 +14,6 @@ none`` only; ``storage_hit`` is null.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
