@@ -121,7 +121,10 @@ class SeqCache:
 
 
 Wait = Callable[[int], None]
-QUERY_BLOCK = 256  # queries per attention block: bounds the score matrix of a long prefill
+# Queries per attention block, aligned to absolute positions. 64 keeps every block under the
+# CPU flash kernel's 192-query threshold (one split size for all blocks), so a suffix run that
+# starts at a multiple of 64 computes bit for bit what a full recompute computes.
+QUERY_BLOCK = 64
 LayerTimes = list[tuple[int, float, float, float]]  # (layer, wait start, wait end, compute end)
 
 
@@ -276,22 +279,28 @@ class HybridLM:
             index_k[own] = (h @ p["ik"]).view(n, 1, cfg.index_dim)
         rep = cfg.heads // cfg.kv_heads
         out = torch.empty_like(q)
-        for lo in range(0, n, QUERY_BLOCK):
-            hi = min(n, lo + QUERY_BLOCK)
+        # Query blocks aligned to absolute positions, each with the key range of its whole
+        # block: a suffix run then sums exactly the keys a full recompute sums, in its order.
+        for block in range(start - start % QUERY_BLOCK, end, QUERY_BLOCK):
+            lo, hi = max(start, block) - start, min(end, block + QUERY_BLOCK) - start
             pos = positions[lo:hi]
-            first = 0 if kind is LayerKind.FULL else max(0, start + lo - cfg.window + 1)
+            first = 0 if kind is LayerKind.FULL else max(0, block - cfg.window + 1)
             last = start + hi
             key_rows = rows[first:last]
-            if bool((key_rows < 0).any()):
-                raise ConfigError(
-                    f"positions {first}..{last - 1} need sliding-window pages the sequence lacks"
-                )
-            keys = k_buf[key_rows].repeat_interleave(rep, dim=1).transpose(0, 1)
-            vals = v_buf[key_rows].repeat_interleave(rep, dim=1).transpose(0, 1)
             key_pos = torch.arange(first, last, device=h.device)
             allowed = key_pos[None, :] <= pos[:, None]
             if kind is LayerKind.SLIDING:
                 allowed &= key_pos[None, :] > pos[:, None] - cfg.window
+            missing = key_rows < 0  # outside every window: masked, read as zeros
+            if bool((missing & allowed.any(dim=0)).any()):
+                raise ConfigError(
+                    f"positions {first}..{last - 1} need sliding-window pages the sequence lacks"
+                )
+            safe = key_rows.clamp(min=0)
+            keys = k_buf[safe].masked_fill(missing[:, None, None], 0.0)
+            vals = v_buf[safe].masked_fill(missing[:, None, None], 0.0)
+            keys = keys.repeat_interleave(rep, dim=1).transpose(0, 1)
+            vals = vals.repeat_interleave(rep, dim=1).transpose(0, 1)
             bias = torch.zeros(allowed.shape, device=h.device)
             if index_k is not None:
                 bias = self._index_bias(h[lo:hi], p, index_k[key_rows][:, 0])
