@@ -54,6 +54,7 @@ def test_summary_table_by_default(capsys: pytest.CaptureFixture[str]) -> None:
         (["--turns", "0"], "--turns must be a positive integer, got 0"),
         (["--prefix-tokens", "100"], "--prefix-tokens 100 must be a whole number of pages"),
         (["--turns", "x"], "argument --turns: invalid int value"),
+        (["--device", "tpu", *TINY], "unknown device 'tpu': expected cpu, cuda[:N] or rocm[:N]"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(

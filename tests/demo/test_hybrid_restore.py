@@ -184,3 +184,14 @@ def test_the_model_is_deterministic_and_every_layer_kind_is_present() -> None:
         PoolName.SWA,
         PoolName.MAMBA,
     }
+
+
+@pytest.mark.gpu
+@pytest.mark.asyncio
+async def test_a_host_hit_on_a_gpu_matches_recompute() -> None:
+    plan = demo_plan(CFG, page_size=PS, device_pages=48, host_pages=96)
+    async with open_runtime(plan, device="cuda") as rt:
+        server = DemoServer(rt, HybridLM(CFG, device="cuda"))
+        result = await compare(server, prompt(448), 320, decode_steps=3)
+        assert result.max_abs_diff <= TOL
+        assert result.tokens_identical

@@ -126,7 +126,6 @@ async def run_demo(
 
 async def _run(settings: DemoSettings, progress: Callable[[str], None]) -> dict[str, Any]:
     cfg = HybridConfig()
-    model = HybridLM(cfg, device=settings.device)
     device_pages, host_pages = _plan_sizes(settings)
     plan = demo_plan(
         cfg, page_size=settings.page_size, device_pages=device_pages, host_pages=host_pages
@@ -134,8 +133,10 @@ async def _run(settings: DemoSettings, progress: Callable[[str], None]) -> dict[
     gen = torch.Generator().manual_seed(settings.seed)
     system = _tokens(gen, cfg.vocab, settings.prefix_tokens)
     results: list[TurnResult] = []
+    # The runtime checks the device (a typed error for one that is not there) before the model
+    # puts its weights on it.
     async with open_runtime(plan, device=settings.device) as rt:
-        server = DemoServer(rt, model)
+        server = DemoServer(rt, HybridLM(cfg, device=str(rt.device.device)))
         entries: list[HostEntry] = []
         try:
             progress(f"system prompt: {len(system)} tokens, prefill and back up to host")
