@@ -157,6 +157,9 @@ async def _run(settings: DemoSettings, progress: Callable[[str], None]) -> dict[
                 text_len = len(prompt) + settings.decode_steps
                 save_at = (text_len // settings.page_size) * settings.page_size
                 times: LayerTimes = []
+                # The recompute just left this prompt's K/V and state in the device pages the
+                # load may get: overwrite them, so the cached run reads only what it restored.
+                server.scribble()
                 cached, load, new = await run_cached(
                     server,
                     prompt,
