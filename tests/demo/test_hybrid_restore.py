@@ -195,3 +195,43 @@ async def test_a_host_hit_on_a_gpu_matches_recompute() -> None:
         result = await compare(server, prompt(448), 320, decode_steps=3)
         assert result.max_abs_diff <= TOL
         assert result.tokens_identical
+
+
+class Boom(RuntimeError):
+    pass
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("when", ["before-any-layer", "after-the-load"])
+async def test_a_request_failing_mid_restore_returns_every_page_and_pin(when: str) -> None:
+    async with serving() as server:
+        entry = await cache_prefix(server, prompt(384))
+        try:
+
+            def fail(_server: DemoServer, _seq: Sequence) -> None:
+                raise Boom
+
+            if when == "after-the-load":
+                with pytest.raises(Boom):
+                    await run_cached(server, prompt(448), entry, decode_steps=1, tamper=fail)
+            else:
+                real = server.prefill
+
+                def failing_prefill(*args: object, **kw: object) -> torch.Tensor:
+                    if kw.get("wait") is not None:
+                        seq, tokens, start = args
+                        server.extend(seq, start + len(tokens))  # type: ignore[arg-type]
+                        raise Boom  # the request dies before its forward pass waits on layer 0
+                    return real(*args, **kw)  # type: ignore[arg-type]
+
+                server.prefill = failing_prefill  # type: ignore[method-assign]
+                with pytest.raises(Boom):
+                    await run_cached(server, prompt(448), entry, decode_steps=1, save_at=448)
+                server.prefill = real  # type: ignore[method-assign]
+            assert len(server.rt.engine.device_pins) == 0
+            assert len(server.rt.engine.host_pins) == 0
+            # The entry is intact: the same prefix restores correctly afterwards.
+            result = await compare(server, prompt(448), 384, decode_steps=1)
+            assert result.max_abs_diff <= TOL
+        finally:
+            server.free_host(entry)

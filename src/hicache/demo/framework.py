@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
+import anyio
 import attrs
 import torch
 
@@ -43,7 +44,7 @@ from hicache.domain import (
     gated_deltanet_state,
     resolve_host_memory,
 )
-from hicache.engine import LoadHandle
+from hicache.engine import LoadHandle, OperationState
 
 KV, SWA, MAMBA, INDEXER = PoolName.KV, PoolName.SWA, PoolName.MAMBA, PoolName.INDEXER
 PageSet = dict[PoolName, tuple[int, ...]]
@@ -292,6 +293,29 @@ class DemoServer:
         seq = Sequence(list(dp[KV]), swa, dp[MAMBA][0], len(dp[KV]) * self.page_size)
         self._live.add(id(seq))
         return seq
+
+    async def release(self, seq: Sequence, handle: LoadHandle) -> None:
+        """Free a restored sequence whatever became of its load.
+
+        A finished load's pages are the sequence's: all are freed. A load still in flight (the
+        request failed or was cancelled mid-prefill) is cancelled, which returns the pages the
+        engine allocated for it; only the pages the sequence added on top are freed here.
+        """
+        with anyio.CancelScope(shield=True):
+            if handle.state is not OperationState.DONE:
+                await handle.cancel()
+            if handle.state is OperationState.DONE:
+                self.free(seq)
+                return
+            loaded = handle.device_pages
+            added = {
+                KV: tuple(p for p in seq.kv if p not in set(loaded.get(KV, ()))),
+                SWA: tuple(p for p in seq.swa.values() if p not in set(loaded.get(SWA, ()))),
+            }
+            added = {pool: pages for pool, pages in added.items() if pages}
+            if added:
+                self.rt.engine.free_device(added)
+            self._live.discard(id(seq))
 
     def free_host(self, entry: HostEntry) -> None:
         self.rt.engine.free_host(dict(entry.host_pages))

@@ -24,6 +24,7 @@ import torch
 from hicache.demo.framework import DemoServer, HostEntry, Sequence
 from hicache.demo.model import LayerTimes
 from hicache.domain import ConfigError
+from hicache.engine import LoadHandle
 
 
 @attrs.frozen
@@ -123,6 +124,7 @@ async def run_cached(
     ckpt = server.new_slot() if save_at is not None else None
     checkpoints = {save_at: ckpt} if save_at is not None and ckpt is not None else {}
     seq: Sequence | None = None
+    handle: LoadHandle | None = None
     new: HostEntry | None = None
     try:
         t0 = time.perf_counter()
@@ -147,8 +149,8 @@ async def run_cached(
             text = [*prompt, *tokens[:-1]]
             new = await server.backup(seq, text[:save_at], ckpt)
     finally:
-        if seq is not None:
-            server.free(seq)
+        if seq is not None and handle is not None:
+            await server.release(seq, handle)
         if ckpt is not None:
             server.free_slot(ckpt)
     return RunResult(torch.cat([out.cpu(), *logits]), tuple(tokens), ttft), figures, new
