@@ -98,3 +98,40 @@ def test_the_command_line_loads_without_torch_until_the_demo_runs() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_a_cached_run_that_differs_exits_1(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hicache.demo.workload as workload
+
+    async def differing(settings: object, *, progress: object) -> dict[str, object]:
+        run = {
+            "name": "turn 1",
+            "prompt_tokens": 200,
+            "hit_tokens": 128,
+            "ttft_ms": {"recompute": 10.0, "host_hit": 2.0},
+            "max_abs_diff": 0.25,
+            "tokens_identical": False,
+        }
+        return {
+            "device": "cpu",
+            "model": "m",
+            "turns": 1,
+            "ttft_ms": {"recompute": 10.0, "host_hit": 2.0, "storage_hit": None},
+            "hit_tokens": 128,
+            "max_abs_diff": 0.25,
+            "tokens_identical": False,
+            "exposed_fraction": 0.0,
+            "runs": [run],
+            "_timelines": [],
+        }
+
+    monkeypatch.setattr(workload, "run_demo", differing)
+    assert main(["demo", *TINY]) == 1
+    out, err = capsys.readouterr()
+    assert "DIFFER" in out
+    assert err.strip() == (
+        "hicache: error: a cached run differed from its recompute "
+        "(max |logit diff| 0.25, greedy tokens different)"
+    )

@@ -18,6 +18,7 @@ from typing import Any
 from hicache.cli.bench_overlap import _quiet_logs
 from hicache.domain import ConfigError
 
+MAX_ABS_DIFF = 1e-5  # fp32 logits of a cached run against recompute (issue 11's target)
 KEYS = (
     "device",
     "model",
@@ -90,7 +91,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(_human(result))
-    return 0 if result["tokens_identical"] and result["max_abs_diff"] <= 1e-5 else 1
+    if result["tokens_identical"] and result["max_abs_diff"] <= MAX_ABS_DIFF:
+        return 0
+    sys.stderr.write(
+        f"hicache: error: a cached run differed from its recompute (max |logit diff| "
+        f"{result['max_abs_diff']:.3g}, greedy tokens "
+        f"{'identical' if result['tokens_identical'] else 'different'})\n"
+    )
+    return 1
 
 
 def _human(r: dict[str, Any]) -> str:
