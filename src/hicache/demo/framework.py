@@ -9,7 +9,8 @@
   of its first sliding-window page.
 - DemoServer: what a serving framework does around the model: allocate device pages, prefill
   (with state checkpoints at page boundaries), back a prefix up to host, restore it with a
-  layer-by-layer load whose per-layer waits the forward pass honours, free everything.
+  layer-by-layer load whose per-layer waits the forward pass honours, free everything (also
+  when a request fails while its load is in flight: ``release``).
 
 It uses hicache's public API only: the domain's plan values, ``open_runtime``'s device pools,
 slot allocators and transfer engine.
@@ -44,6 +45,7 @@ from hicache.domain import (
     gated_deltanet_state,
     resolve_host_memory,
 )
+from hicache.domain.geometry import AnyGeometry
 from hicache.engine import LoadHandle, OperationState
 
 KV, SWA, MAMBA, INDEXER = PoolName.KV, PoolName.SWA, PoolName.MAMBA, PoolName.INDEXER
@@ -67,11 +69,13 @@ def demo_plan(
     kv = KVGeometry(kv_heads=config.kv_heads, head_dim=config.head_dim, dtype=DType.FP32)
     tokens, device_tokens = host_pages * page_size, device_pages * page_size
 
-    def token_pool(name: PoolName, role: PoolRole, geometry: object, layers: list[int]) -> PoolPlan:
+    def token_pool(
+        name: PoolName, role: PoolRole, geometry: AnyGeometry, layers: list[int]
+    ) -> PoolPlan:
         return PoolPlan(
             name=name,
             role=role,
-            geometry=geometry,  # type: ignore[arg-type]
+            geometry=geometry,
             binding=LayerBinding.contiguous(layers),
             layout=layout,
             page_size=page_size,
