@@ -41,7 +41,9 @@ def test_the_package_domain_and_engine_load_without_torch() -> None:
     assert "torch" not in loaded
 
 
-@pytest.mark.parametrize("module", ["hicache.bootstrap.config", "hicache.cli.plan"])
+@pytest.mark.parametrize(
+    "module", ["hicache.bootstrap.config", "hicache.cli.plan", "hicache.cli", "hicache.cli.demo"]
+)
 def test_planning_loads_without_torch(module: str) -> None:
     loaded = modules_after_import(module)
     assert module in loaded

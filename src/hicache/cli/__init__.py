@@ -26,12 +26,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hicache.cli import bench, plan, shm
+    from hicache.cli import bench, demo, plan, shm
 
     parser = _Parser(prog="hicache", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (plan, bench, shm):
+    for module in (plan, bench, demo, shm):
         module.register(sub)
     return parser
 
