@@ -400,6 +400,7 @@ class PrefixIndex:
                     page.evicting[src] = None
                     if page.pins[src] == 0:
                         free.extend(self._drop(page, src, scope))
+                    self._lru_add(page, src)  # what the eviction did not take (another pool's)
                 elif page.pins[src] == 0:
                     self._lru_add(page, src)
             if page.idle():
