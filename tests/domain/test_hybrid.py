@@ -134,5 +134,7 @@ def test_checkpoint_policy_keeps_every_n_pages_and_the_request_end() -> None:
     assert policy.boundaries(10) == [4, 8, 10]
     assert policy.boundaries(8) == [4, 8]
     assert policy.boundaries(0) == []
-    assert policy.keeps(4, 10) and policy.keeps(10, 10) and not policy.keeps(5, 10)
+    assert policy.keeps(4, 10)
+    assert policy.keeps(10, 10)
+    assert not policy.keeps(5, 10)
     assert CheckpointPolicy(every_pages=4, at_end=False).boundaries(10) == [4, 8]

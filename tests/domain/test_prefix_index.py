@@ -48,7 +48,8 @@ def test_an_inserted_prefix_matches_on_device_up_to_its_first_unknown_page() -> 
     idx.insert(a, at(3))
     m = idx.match([*a, *keys(2, base=999)])
     assert (m.device_pages, m.host_pages, m.storage_pages) == (3, 3, 3)
-    assert m.device_tokens == 12 and m.keys == tuple(a)
+    assert m.device_tokens == 12
+    assert m.keys == tuple(a)
     assert idx.match(keys(3, base=7)).storage_pages == 0
     idx.validate()
 
@@ -76,7 +77,8 @@ def test_eviction_never_takes_a_pinned_page() -> None:
     idx.insert(b, pb)
     idx.pin(D, a)
     out = idx.evict(D, 10)
-    assert out.evicted == 2 and sorted(freed(out)) == sorted(p[KV] for p in pb)
+    assert out.evicted == 2
+    assert sorted(freed(out)) == sorted(p[KV] for p in pb)
     assert idx.match(a).device_pages == 2
     idx.unpin(D, a)
     assert sorted(freed(idx.evict(D, 10))) == sorted(p[KV] for p in pa)
@@ -121,7 +123,8 @@ def test_write_back_backs_up_on_eviction_and_frees_only_after_the_copy() -> None
     dev = at(2)
     assert not idx.insert(a, dev).backup
     out = idx.evict(D, 2)
-    assert out.evicted == 2 and not out.free
+    assert out.evicted == 2
+    assert not out.free
     assert sorted(op.key for op in out.backup) == sorted(a)
     assert not idx.evict(D, 2)  # the victims are no longer candidates
     ticket = idx.prepare_backup(a, host := at(2))
@@ -156,7 +159,8 @@ def test_a_failed_backup_returns_the_host_pages_and_registers_nothing() -> None:
     assert idx.match(a).host_pages == 2  # device pages still count
     out = idx.abort(ticket)
     assert sorted(freed(out, H)) == sorted(p[KV] for p in host)
-    assert idx.placement(H, a[0]) is None and idx.pins(D, a[0]) == 0
+    assert idx.placement(H, a[0]) is None
+    assert idx.pins(D, a[0]) == 0
     with pytest.raises(CacheStateError, match="not in flight"):
         idx.complete(ticket, True)
     idx.validate()
@@ -182,7 +186,8 @@ def test_a_failed_prefetch_forgets_pages_it_created() -> None:
     idx = index(storage="write_through")
     a = keys(2)
     ticket = idx.prepare_prefetch(a, host := at(2))
-    assert len(idx) == 2 and idx.match(a).storage_pages == 0
+    assert len(idx) == 2
+    assert idx.match(a).storage_pages == 0
     out = idx.complete(ticket, [False, False])
     assert sorted(freed(out, H)) == sorted(p[KV] for p in host)
     assert len(idx) == 0
@@ -202,7 +207,8 @@ def test_storage_write_through_stores_what_reaches_host_and_a_failed_store_unreg
     ticket = idx.prepare_store(a)
     assert ticket.sources[0] == idx.placement(H, a[0])
     idx.complete(ticket, [True, False])
-    assert idx.placement(S, a[0]) == {KV: 0} and idx.placement(S, a[1]) is None
+    assert idx.placement(S, a[0]) == {KV: 0}
+    assert idx.placement(S, a[1]) is None
     idx.drop(D, a)
     idx.drop(H, a)
     assert idx.match(a).storage_pages == 1
@@ -218,9 +224,11 @@ def test_storage_write_back_stores_on_host_eviction_then_frees_the_host_page() -
     done = idx.complete(idx.prepare_backup(a, host := at(1)), True)
     assert not done.store
     out = idx.evict(H, 1)
-    assert [op.key for op in out.store] == a and not out.free
+    assert [op.key for op in out.store] == a
+    assert not out.free
     assert freed(idx.complete(idx.prepare_store(a), True), H) == [host[0][KV]]
-    assert idx.placement(H, a[0]) is None and idx.placement(S, a[0]) == {KV: 0}
+    assert idx.placement(H, a[0]) is None
+    assert idx.placement(S, a[0]) == {KV: 0}
     idx.validate()
 
 
