@@ -18,8 +18,12 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
 - drop(tier, keys): forget pages on a tier now (e.g. a storage MISS); returns their ids to free.
 - placement(tier, key), statistics(), validate().
 
-LRU order is an OrderedDict per (tier, owning pool): O(1) per page. Pinned, in-flight and
-evicting pages are not in it, so eviction can never pick them. match and insert touch the
+LRU order per (tier, owning pool) is a monotonic counter: touching a page stamps it with the
+next tick and appends (tick, page) to that pool's queue, so the queue is in touch order and the
+oldest live entry is the least recently used page; entries whose stamp changed since are stale
+and skipped, and a queue is compacted when stale entries outnumber live ones. O(1) amortized
+per page, with no hash lookup per touch. Pinned, in-flight and evicting pages carry no stamp,
+so eviction can never pick them. match and insert touch the
 anchor's pages tail-first, so a prefix's last pages are evicted before its first ones (a
 middle page evicted first would strand the pages after it), and WINDOW/CHECKPOINT pools' pages
 head-first, so the window and checkpoint nearest the deepest boundary are kept longest.
@@ -27,7 +31,7 @@ head-first, so the window and checkpoint nearest the deepest boundary are kept l
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
 from hicache.domain.errors import CacheStateError, ConfigError
@@ -53,10 +57,11 @@ _CACHED = (Tier.DEVICE, Tier.HOST)  # tiers whose pages the index evicts
 
 
 class _Page:
-    __slots__ = ("at", "evicting", "hits", "key", "pending", "pins")
+    __slots__ = ("at", "evicting", "hits", "key", "pending", "pins", "stamp")
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, slots: int) -> None:
         self.key = key
+        self.stamp = [0] * slots  # LRU tick per (cached tier, owning pool); 0: not evictable
         self.at: list[dict[PoolName, int] | None] = [None, None, None]
         self.pins = [0, 0, 0]
         self.pending = [0, 0, 0]  # ticket id reserving this tier as a destination
@@ -78,9 +83,14 @@ class PrefixIndex:
         self._follows = {r.pool: r.follows_anchor for r in rules.rules}
         self._trailing = {r.pool for r in rules.rules if r.restore is not Restore.ALL_PAGES}
         self._pages: dict[bytes, _Page] = {}
-        self._lru: list[dict[PoolName, OrderedDict[bytes, None]]] = [
-            {p: OrderedDict() for p in self._owners} for _ in _TIERS
-        ]
+        n = len(self._owners)
+        self._slots = len(_CACHED) * n
+        self._slot: dict[tuple[int, PoolName], int] = {
+            (t, p): t * n + i for t in _CACHED for i, p in enumerate(self._owners)
+        }
+        self._queues: list[deque[tuple[int, _Page]]] = [deque() for _ in range(self._slots)]
+        self._live = [0] * self._slots
+        self._tick = 0
         self._tickets: dict[int, Ticket] = {}
         self._next_ticket = 1
         self._evictions = [0, 0, 0]
@@ -161,32 +171,61 @@ class PrefixIndex:
     def _evictable(self, page: _Page, tier: int) -> bool:
         return not page.pins[tier] and page.evicting[tier] is None and page.at[tier] is not None
 
+    def _stamp(self, page: _Page, slot: int) -> None:
+        """Make ``page`` the most recently used of ``slot`` (a (tier, pool) queue)."""
+        self._tick += 1
+        if not page.stamp[slot]:
+            self._live[slot] += 1
+        page.stamp[slot] = self._tick
+        self._queues[slot].append((self._tick, page))
+        self._compact(slot)
+
+    def _compact(self, slot: int) -> None:
+        """Drop stale queue entries once they outnumber the live ones (amortized O(1))."""
+        q = self._queues[slot]
+        if len(q) > 2 * self._live[slot] + 64:
+            self._queues[slot] = deque(e for e in q if e[1].stamp[slot] == e[0])
+
     def _lru_add(self, page: _Page, tier: int) -> None:
         if tier == Tier.STORAGE or not self._evictable(page, tier):
             return
-        at = page.at[tier]
-        lru = self._lru[tier]
-        for pool in at or ():
-            od = lru[pool]
-            od[page.key] = None
-            od.move_to_end(page.key)
+        at = page.at[tier] or {}
+        for pool in self._owners:
+            if pool in at:
+                self._stamp(page, self._slot[tier, pool])
 
     def _lru_remove(self, page: _Page, tier: int, pools: Iterable[PoolName] | None = None) -> None:
         if tier == Tier.STORAGE:
             return
-        lru = self._lru[tier]
-        for pool in pools if pools is not None else self._owners:
-            lru[pool].pop(page.key, None)
+        for pool in self._owners if pools is None else pools:
+            slot = self._slot[tier, pool]
+            if page.stamp[slot]:
+                page.stamp[slot] = 0
+                self._live[slot] -= 1
 
-    def _touch(self, pages: Sequence[_Page]) -> None:
-        """Make pages most recently used: the anchor's tail-first, trailing pools head-first."""
-        for tier in _CACHED:
-            lru = self._lru[tier]
-            for pool, od in lru.items():
-                seq: Iterable[_Page] = pages if pool in self._trailing else reversed(pages)
-                for p in seq:
-                    if p.key in od:
-                        od.move_to_end(p.key)
+    def _touch(self, pages: Sequence[_Page], *, enter: bool = False) -> None:
+        """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
+
+        ``enter``: also stamp evictable pages that have no stamp yet (new placements).
+        """
+        for (tier, pool), slot in self._slot.items():
+            if not enter and not self._live[slot]:
+                continue
+            seq: Iterable[_Page] = pages if pool in self._trailing else reversed(pages)
+            tick = self._tick
+            append = self._queues[slot].append
+            for p in seq:
+                if p.stamp[slot]:  # evictable here: restamp (live count unchanged)
+                    tick += 1
+                    p.stamp[slot] = tick
+                    append((tick, p))
+                elif enter and self._evictable(p, tier) and pool in p.at[tier]:  # type: ignore[operator]
+                    tick += 1
+                    p.stamp[slot] = tick
+                    append((tick, p))
+                    self._live[slot] += 1
+            self._tick = tick
+            self._compact(slot)
 
     # ---- insert ----------------------------------------------------------------------------
 
@@ -216,22 +255,19 @@ class PrefixIndex:
         for key, where in zip(keys, checked, strict=True):
             page = self._pages.get(key)
             if page is None:
-                page = self._pages[key] = _Page(key)
+                page = self._pages[key] = _Page(key, self._slots)
             page.hits += 1
             have = page.at[dev]
             if have is None and not page.pending[dev]:
-                page.at[dev] = where
-                self._lru_add(page, dev)
+                page.at[dev] = where  # stamped by the touch below, in LRU order
             else:
                 for pool, pid in where.items():
                     if have is None or pool in have:
                         free.append(Freed(dev, pool, pid))
                     else:
-                        have[pool] = pid
-                        if self._evictable(page, dev):
-                            self._lru[dev][pool][key] = None
+                        have[pool] = pid  # stamped by the touch below
             touched.append(page)
-        self._touch(touched)
+        self._touch(touched, enter=True)
         backup = self._wanted(touched, Tier.HOST)
         store = self._wanted(touched, Tier.STORAGE)
         return Actions(backup=backup, store=store, free=tuple(free))
@@ -342,7 +378,7 @@ class PrefixIndex:
         dests = [self._check_placement(w, "prepare_prefetch") for w in host]
         fresh = [k for k in dict.fromkeys(keys) if k not in self._pages]
         for k in fresh:
-            self._pages[k] = _Page(k)
+            self._pages[k] = _Page(k, self._slots)
         try:
             return self._new_ticket(OpKind.PREFETCH, [self._pages[k] for k in keys], dests)
         except BaseException:
@@ -422,7 +458,8 @@ class PrefixIndex:
         if at is None:
             return []
         pools = list(at) if scope is self._anchor else [scope] if scope in at else []
-        self._lru_remove(page, tier, [q for q in pools if q in self._lru[tier]])
+        if tier != Tier.STORAGE:
+            self._lru_remove(page, tier, [q for q in pools if (tier, q) in self._slot])
         freed = [Freed(Tier(tier), pool, at.pop(pool)) for pool in pools]
         if not at:
             page.at[tier] = None
@@ -439,19 +476,22 @@ class PrefixIndex:
         if tier not in _CACHED:
             raise ConfigError(f"evict: the index evicts from DEVICE or HOST, not {tier.name}")
         scope = self._anchor if pool is None else pool
-        if scope not in self._lru[tier]:
+        if (tier, scope) not in self._slot:
             raise ConfigError(f"evict: pool {scope.value!r} owns no pages (owners: {self._owners})")
         if count <= 0:
             return NO_ACTIONS
         policy = self.writes.host if tier is Tier.DEVICE else self.writes.storage
         nxt = tier + 1
-        od = self._lru[tier][scope]
+        slot = self._slot[tier, scope]
+        queue = self._queues[slot]
         free: list[Freed] = []
         copy: list[PageOp] = []
         taken = 0
-        while taken < count and od:
-            key = next(iter(od))
-            page = self._pages[key]
+        while taken < count and queue:
+            tick, page = queue.popleft()
+            if page.stamp[slot] != tick:
+                continue  # stale: touched again later, or no longer evictable
+            key = page.key
             taken += 1
             self._evictions[tier] += 1
             if (
@@ -516,19 +556,20 @@ class PrefixIndex:
                 at = p.at[t]
                 if t != Tier.STORAGE and at is not None and self._anchor not in at:
                     raise CacheStateError(f"page {key.hex()[:16]}: {t.name} lacks the anchor")
-            for t in _CACHED:
-                for pool, od in self._lru[t].items():
-                    want = self._evictable(p, t) and pool in (p.at[t] or {})
-                    if want != (key in od):
-                        raise CacheStateError(
-                            f"page {key.hex()[:16]}: LRU of {pool.value} on {t.name} says "
-                            f"{key in od}, state says {want}"
-                        )
-        for t in _CACHED:
-            for od in self._lru[t].values():
-                stray = [k for k in od if k not in self._pages]
-                if stray:
-                    raise CacheStateError(f"LRU on {t.name} holds unknown pages")
+            for (ct, pool), slot in self._slot.items():
+                want = self._evictable(p, ct) and pool in (p.at[ct] or {})
+                if want != bool(p.stamp[slot]):
+                    raise CacheStateError(
+                        f"page {key.hex()[:16]}: LRU of {pool.value} on {Tier(ct).name} says "
+                        f"{bool(p.stamp[slot])}, state says {want}"
+                    )
+        for (ct, pool), slot in self._slot.items():
+            live = {id(pg) for tick, pg in self._queues[slot] if pg.stamp[slot] == tick}
+            stamped = [pg for pg in self._pages.values() if pg.stamp[slot]]
+            if len(stamped) != self._live[slot] or any(id(pg) not in live for pg in stamped):
+                raise CacheStateError(
+                    f"LRU of {pool.value} on {Tier(ct).name} lost track of its pages"
+                )
         for ticket in self._tickets.values():
             src = ticket.kind.source
             for k in ticket.keys:
