@@ -308,3 +308,16 @@ def test_validate_catches_a_pinned_page_left_in_the_lru() -> None:
     idx._stamp(idx._pages[a[0]], 0)  # the broken case: a pinned page an eviction could take
     with pytest.raises(CacheStateError, match="LRU"):
         idx.validate()
+
+
+def test_a_destination_with_pools_the_source_lacks_is_refused_whole() -> None:
+    idx = PrefixIndex(HYBRID)
+    a = keys(2)
+    idx.insert(a, [{KV: 1}, {KV: 2}])
+    with pytest.raises(ConfigError, match="would register pages nothing was copied to"):
+        idx.prepare_backup(a, [{KV: 11}, {KV: 12, MAMBA: 13}])
+    assert idx.pins(D, a[0]) == 0
+    assert idx.statistics().in_flight == 0
+    with pytest.raises(ConfigError, match="non-negative integers"):
+        idx.insert(a, [{KV: -1}, {KV: 2}])
+    idx.validate()

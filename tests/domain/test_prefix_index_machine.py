@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from hicache.domain import CacheStateError, PoolName
+from hicache.domain import CacheStateError, ConfigError, PoolName
 from hicache.domain.hybrid import GroupRules, PoolRule, Restore
 from hicache.domain.keys import chain_keys
 from hicache.domain.prefix_index import PrefixIndex
@@ -130,7 +130,7 @@ class IndexMachine(RuleBasedStateMachine):
                 t = self.index.prepare_prefetch(keys, dests)
             else:
                 t = self.index.prepare_store(keys)
-        except CacheStateError:
+        except (CacheStateError, ConfigError):
             for d in dests:  # refused whole: the caller takes its pages back
                 self.release(d, kind.dest)
             return

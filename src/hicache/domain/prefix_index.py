@@ -51,6 +51,7 @@ from hicache.domain.tiers import (
     WritePolicy,
     WriteSettings,
 )
+from hicache.domain.validators import is_int
 
 _TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
 _CACHED = (Tier.DEVICE, Tier.HOST)  # tiers whose pages the index evicts
@@ -238,6 +239,9 @@ class PrefixIndex:
                 f"{what}: pools {bad} have no pages of their own here (owners: "
                 f"{[p.value for p in self._owners]})"
             )
+        odd = [pid for pid in where.values() if not is_int(pid) or pid < 0]
+        if odd:
+            raise ConfigError(f"{what}: page ids must be non-negative integers, got {odd}")
         return dict(where)
 
     def insert(self, keys: Sequence[bytes], placements: Sequence[Placement]) -> Actions:
@@ -331,7 +335,7 @@ class PrefixIndex:
     ) -> Ticket:
         src, dst = kind.source, kind.dest
         seen: set[bytes] = set()
-        for p in pages:
+        for p, dest in zip(pages, dests, strict=True):
             if p.key in seen:
                 raise CacheStateError(f"{kind.value}: page {p.key.hex()[:16]} twice in one batch")
             seen.add(p.key)
@@ -339,9 +343,18 @@ class PrefixIndex:
                 raise CacheStateError(
                     f"{kind.value}: page {p.key.hex()[:16]} is already on {dst.name} or on its way"
                 )
-            if src != Tier.STORAGE and p.at[src] is None:
+            source = p.at[src]
+            if src == Tier.STORAGE:
+                continue
+            if source is None:
                 raise CacheStateError(
                     f"{kind.value}: page {p.key.hex()[:16]} is not on {src.name}"
+                )
+            if dst != Tier.STORAGE and not dest.keys() <= source.keys():
+                raise ConfigError(
+                    f"{kind.value}: page {p.key.hex()[:16]} has pools "
+                    f"{sorted(q.value for q in source)} on {src.name}; a destination for "
+                    f"{sorted(q.value for q in dest)} would register pages nothing was copied to"
                 )
         ticket = Ticket(
             id=self._next_ticket,
