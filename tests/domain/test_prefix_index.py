@@ -305,7 +305,7 @@ def test_validate_catches_a_pinned_page_left_in_the_lru() -> None:
     idx.insert(a, at(1))
     idx.pin(D, a)
     idx.validate()
-    idx._stamp(idx._pages[a[0]], 0)  # the broken case: a pinned page an eviction could take
+    idx._lru.stamp(idx._pages[a[0]], 0)  # the broken case: a pinned page an eviction could take
     with pytest.raises(CacheStateError, match="LRU"):
         idx.validate()
 

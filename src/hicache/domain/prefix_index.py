@@ -18,24 +18,20 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
 - drop(tier, keys): forget pages on a tier now (e.g. a storage MISS); returns their ids to free.
 - placement(tier, key), statistics(), validate().
 
-LRU order per (tier, owning pool) is a monotonic counter: touching a page stamps it with the
-next tick and appends (tick, page) to that pool's queue, so the queue is in touch order and the
-oldest live entry is the least recently used page; entries whose stamp changed since are stale
-and skipped, and a queue is compacted when stale entries outnumber live ones. O(1) amortized
-per page, with no hash lookup per touch. Pinned, in-flight and evicting pages carry no stamp,
-so eviction can never pick them. match and insert touch the
-anchor's pages tail-first, so a prefix's last pages are evicted before its first ones (a
-middle page evicted first would strand the pages after it), and WINDOW/CHECKPOINT pools' pages
-head-first, so the window and checkpoint nearest the deepest boundary are kept longest.
+LRU order: one TickLru slot per (tier, owning pool) (hicache.domain.lru). Pinned, in-flight
+and evicting pages carry no stamp, so eviction never picks them. match and insert touch the
+anchor's pages tail-first (a prefix's last pages go first: a middle page evicted first would
+strand the pages after it) and WINDOW/CHECKPOINT pools' pages head-first (the window and the
+checkpoint nearest the deepest boundary stay longest).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.hybrid import GroupRules, Restore, usable_boundary
+from hicache.domain.lru import TickLru
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import (
     NO_ACTIONS,
@@ -89,9 +85,7 @@ class PrefixIndex:
         self._slot: dict[tuple[int, PoolName], int] = {
             (t, p): t * n + i for t in _CACHED for i, p in enumerate(self._owners)
         }
-        self._queues: list[deque[tuple[int, _Page]]] = [deque() for _ in range(self._slots)]
-        self._live = [0] * self._slots
-        self._tick = 0
+        self._lru: TickLru[_Page] = TickLru(self._slots)
         self._tickets: dict[int, Ticket] = {}
         self._next_ticket = 1
         self._evictions = [0, 0, 0]
@@ -172,37 +166,19 @@ class PrefixIndex:
     def _evictable(self, page: _Page, tier: int) -> bool:
         return not page.pins[tier] and page.evicting[tier] is None and page.at[tier] is not None
 
-    def _stamp(self, page: _Page, slot: int) -> None:
-        """Make ``page`` the most recently used of ``slot`` (a (tier, pool) queue)."""
-        self._tick += 1
-        if not page.stamp[slot]:
-            self._live[slot] += 1
-        page.stamp[slot] = self._tick
-        self._queues[slot].append((self._tick, page))
-        self._compact(slot)
-
-    def _compact(self, slot: int) -> None:
-        """Drop stale queue entries once they outnumber the live ones (amortized O(1))."""
-        q = self._queues[slot]
-        if len(q) > 2 * self._live[slot] + 64:
-            self._queues[slot] = deque(e for e in q if e[1].stamp[slot] == e[0])
-
     def _lru_add(self, page: _Page, tier: int) -> None:
         if tier == Tier.STORAGE or not self._evictable(page, tier):
             return
         at = page.at[tier] or {}
         for pool in self._owners:
             if pool in at:
-                self._stamp(page, self._slot[tier, pool])
+                self._lru.stamp(page, self._slot[tier, pool])
 
     def _lru_remove(self, page: _Page, tier: int, pools: Iterable[PoolName] | None = None) -> None:
         if tier == Tier.STORAGE:
             return
         for pool in self._owners if pools is None else pools:
-            slot = self._slot[tier, pool]
-            if page.stamp[slot]:
-                page.stamp[slot] = 0
-                self._live[slot] -= 1
+            self._lru.unstamp(page, self._slot[tier, pool])
 
     def _touch(self, pages: Sequence[_Page], *, enter: bool = False) -> None:
         """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
@@ -210,23 +186,17 @@ class PrefixIndex:
         ``enter``: also stamp evictable pages that have no stamp yet (new placements).
         """
         for (tier, pool), slot in self._slot.items():
-            if not enter and not self._live[slot]:
+            if not enter and not self._lru.live(slot):
                 continue
             seq: Iterable[_Page] = pages if pool in self._trailing else reversed(pages)
-            tick = self._tick
-            append = self._queues[slot].append
-            for p in seq:
-                if p.stamp[slot]:  # evictable here: restamp (live count unchanged)
-                    tick += 1
-                    p.stamp[slot] = tick
-                    append((tick, p))
-                elif enter and self._evictable(p, tier) and pool in p.at[tier]:  # type: ignore[operator]
-                    tick += 1
-                    p.stamp[slot] = tick
-                    append((tick, p))
-                    self._live[slot] += 1
-            self._tick = tick
-            self._compact(slot)
+            admit = None
+            if enter:
+
+                def admit(p: _Page, tier: int = tier, pool: PoolName = pool) -> bool:
+                    at = p.at[tier]
+                    return at is not None and pool in at and self._evictable(p, tier)
+
+            self._lru.touch(seq, slot, admit)
 
     # ---- insert ----------------------------------------------------------------------------
 
@@ -496,14 +466,13 @@ class PrefixIndex:
         policy = self.writes.host if tier is Tier.DEVICE else self.writes.storage
         nxt = tier + 1
         slot = self._slot[tier, scope]
-        queue = self._queues[slot]
         free: list[Freed] = []
         copy: list[PageOp] = []
         taken = 0
-        while taken < count and queue:
-            tick, page = queue.popleft()
-            if page.stamp[slot] != tick:
-                continue  # stale: touched again later, or no longer evictable
+        while taken < count:
+            page = self._lru.pop_oldest(slot)
+            if page is None:
+                break
             key = page.key
             taken += 1
             self._evictions[tier] += 1
@@ -577,9 +546,9 @@ class PrefixIndex:
                         f"{bool(p.stamp[slot])}, state says {want}"
                     )
         for (ct, pool), slot in self._slot.items():
-            live = {id(pg) for tick, pg in self._queues[slot] if pg.stamp[slot] == tick}
+            live = self._lru.holds(slot)
             stamped = [pg for pg in self._pages.values() if pg.stamp[slot]]
-            if len(stamped) != self._live[slot] or any(id(pg) not in live for pg in stamped):
+            if len(stamped) != self._lru.live(slot) or any(id(pg) not in live for pg in stamped):
                 raise CacheStateError(
                     f"LRU of {pool.value} on {Tier(ct).name} lost track of its pages"
                 )
