@@ -28,6 +28,7 @@ RUNTIME = [
     errors.DeviceError,
     errors.TransferError,
     errors.StoreError,
+    errors.CacheStateError,
     errors.EngineClosedError,
 ]
 

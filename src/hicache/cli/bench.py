@@ -3,6 +3,7 @@
 - bench copy: host <-> device copy backends against a contiguous copy (hicache.cli.bench_copy).
 - bench overlap: layer-wise loads overlapped with compute (hicache.cli.bench_overlap).
 - bench engine: the engine's own costs, copies excluded (hicache.cli.bench_engine).
+- bench cache: page-key hashing and the prefix index's cost per page (hicache.cli.bench_cache).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    from hicache.cli import bench_copy, bench_engine, bench_overlap
+    from hicache.cli import bench_cache, bench_copy, bench_engine, bench_overlap
 
     p = sub.add_parser("bench", help="measure copies and overlap (ratios to a same-run baseline)")
     inner = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     bench_copy.register(inner)
     bench_overlap.register(inner)
     bench_engine.register(inner)
+    bench_cache.register(inner)

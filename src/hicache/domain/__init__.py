@@ -8,6 +8,7 @@ from hicache.domain.dtypes import DType
 from hicache.domain.errors import (
     AllocatorMismatchError,
     BindingError,
+    CacheStateError,
     ConfigError,
     DeviceError,
     DoubleFreeError,
@@ -46,6 +47,8 @@ from hicache.domain.host_memory import (
     parse_extra_config,
     resolve_host_memory,
 )
+from hicache.domain.hybrid import CheckpointPolicy, GroupRules, PoolRule, Restore, usable_boundary
+from hicache.domain.keys import PageKey, chain_keys, page_hex, page_key
 from hicache.domain.layouts import Layout, check_layout, host_buffer_shape
 from hicache.domain.models import (
     AttentionSpec,
@@ -59,6 +62,7 @@ from hicache.domain.models import (
     ModelSpec,
     ShortConvSpec,
 )
+from hicache.domain.namespace import RankIdentity, group_namespaces, pool_namespace, store_keys
 from hicache.domain.planner import (
     DEFAULT_LAYOUT,
     Archetype,
@@ -75,6 +79,7 @@ from hicache.domain.pools import (
     PoolPlan,
     PoolRole,
 )
+from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.readers import SUPPORTED_MODEL_TYPES
 from hicache.domain.sizing import (
     BudgetSizing,
@@ -85,10 +90,23 @@ from hicache.domain.sizing import (
     split_budget,
 )
 from hicache.domain.stages import PPSplit, stage_range, stage_sizes
+from hicache.domain.tiers import (
+    Actions,
+    Freed,
+    IndexStats,
+    Match,
+    OpKind,
+    PageOp,
+    Ticket,
+    Tier,
+    WritePolicy,
+    WriteSettings,
+)
 
 __all__ = [
     "DEFAULT_LAYOUT",
     "SUPPORTED_MODEL_TYPES",
+    "Actions",
     "AllocatorMismatchError",
     "Archetype",
     "AttentionSpec",
@@ -96,19 +114,24 @@ __all__ = [
     "BudgetSizing",
     "BufferSpec",
     "Cache",
+    "CacheStateError",
+    "CheckpointPolicy",
     "ConfigError",
     "DType",
     "DeviceError",
     "DoubleFreeError",
     "EngineClosedError",
     "ForeignIndexError",
+    "Freed",
     "GatedDeltaNetSpec",
     "GroupError",
+    "GroupRules",
     "HiCacheError",
     "HitPolicy",
     "HostGroupPlan",
     "HostMemory",
     "HostMemoryError",
+    "IndexStats",
     "IndexerGeometry",
     "IndexerSpec",
     "KVGeometry",
@@ -120,10 +143,14 @@ __all__ = [
     "MLAGeometry",
     "MLASpec",
     "Mamba2Spec",
+    "Match",
     "MemoryKind",
     "ModelSpec",
+    "OpKind",
     "OutOfSlotsError",
     "PPSplit",
+    "PageKey",
+    "PageOp",
     "PinnedMemoryError",
     "Pinning",
     "PlanSettings",
@@ -131,7 +158,11 @@ __all__ = [
     "PoolName",
     "PoolPlan",
     "PoolRole",
+    "PoolRule",
+    "PrefixIndex",
+    "RankIdentity",
     "RatioSizing",
+    "Restore",
     "ShortConvSpec",
     "SizingError",
     "SlotError",
@@ -139,19 +170,28 @@ __all__ = [
     "StateTensor",
     "StorageSettings",
     "StoreError",
+    "Ticket",
+    "Tier",
     "TransferError",
     "Unit",
     "UnsupportedModelError",
+    "WritePolicy",
+    "WriteSettings",
     "archetype_of",
+    "chain_keys",
     "check_host_memory",
     "check_layout",
     "gated_deltanet_state",
+    "group_namespaces",
     "host_buffer_shape",
     "kimi_delta_state",
     "mamba2_state",
+    "page_hex",
+    "page_key",
     "parse_extra_config",
     "parse_size",
     "plan_stack",
+    "pool_namespace",
     "ratio_capacity",
     "resolve_host_memory",
     "short_conv_state",
@@ -159,6 +199,8 @@ __all__ = [
     "stage_local",
     "stage_range",
     "stage_sizes",
+    "store_keys",
     "transfer_layer_count",
+    "usable_boundary",
     "working_pp_sizes",
 ]

@@ -13,6 +13,8 @@
 - DeviceError: a device pool that cannot be allocated or does not match its plan.
 - TransferError: a copy between tiers failed; it carries the context of the failed operation.
 - StoreError: a storage tier failed.
+- CacheStateError: a prefix-index call its state forbids (unknown page, duplicate transfer,
+  unpin below zero, a ticket completed twice).
 - EngineClosedError: an operation on an engine that was closed.
 """
 
@@ -85,6 +87,10 @@ class TransferError(HiCacheError):
 
 class StoreError(HiCacheError):
     """A storage tier operation failed."""
+
+
+class CacheStateError(HiCacheError):
+    """A prefix-index call that the index's state forbids; nothing was changed."""
 
 
 class EngineClosedError(HiCacheError):

@@ -3,6 +3,7 @@
 - positive_int: an int > 0 (bool refused).
 - optional_positive_int: None or an int > 0.
 - nonneg_int: an int >= 0.
+- is_int: an int that is not a bool.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import attrs
 from hicache.domain.errors import ConfigError
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def positive_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
@@ -29,5 +30,5 @@ def optional_positive_int(inst: object, attribute: attrs.Attribute[Any], value: 
 
 
 def nonneg_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not _is_int(value) or value < 0:
+    if not is_int(value) or value < 0:
         raise ConfigError(f"{attribute.name} must be a non-negative integer, got {value!r}")

@@ -1,0 +1,234 @@
+"""`hicache bench cache`: the cost of page keys and of the prefix index, per page, at two sizes.
+
+Measured in one process on the CPU (the index is pure Python; no device is involved):
+
+- hash_tokens_per_s: chained sha256 page keys (hicache.domain.keys.chain_keys) over a request
+  of ``--tokens`` random token ids at ``--page-size``; the median of ``--repeats`` rounds.
+- match_us_per_page / insert_us_per_page: an index of the default write settings
+  (write_through, no storage) is filled with N pages (N = 1000 and ``--pages-max``); then, in
+  each of ``--repeats`` rounds, a fresh batch of ``--batch`` pages is inserted (timed), matched
+  (timed), and as many of its oldest pages evicted (untimed), so it keeps N pages. The rounds
+  of the two sizes alternate; medians per page, with the cyclic garbage collector paused (as
+  timeit does).
+- request_ms: hashing plus matching one fully cached request of ``--tokens`` tokens, for each of
+  ``--request-page-sizes`` (the 128K-token target is under 50 ms at the default page size).
+
+The JSON document: {"hash_tokens_per_s", "match_us_per_page": {"1000": a, "<pages-max>": b},
+"insert_us_per_page": {...}, "page_size", "request_ms": {"<page size>": ms, ...}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+from hicache.domain import (
+    ConfigError,
+    GroupRules,
+    PoolName,
+    PoolRule,
+    PrefixIndex,
+    Restore,
+    Tier,
+    chain_keys,
+)
+
+KV = PoolName.KV
+SMALL = 1000
+KEYS = ("hash_tokens_per_s", "match_us_per_page", "insert_us_per_page", "page_size", "request_ms")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "cache",
+        help="measure page-key hashing and the prefix index's cost per page",
+        description=(
+            "Hash a request into chained page keys and time the prefix index's insert and "
+            "match per page when it holds 1000 pages and --pages-max pages."
+        ),
+    )
+    p.add_argument("--pages-max", type=int, default=1_000_000, help="largest index (1000000)")
+    p.add_argument("--tokens", type=int, default=131072, help="request tokens (default 131072)")
+    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
+    p.add_argument(
+        "--request-page-sizes",
+        default="1,16,64",
+        help="page sizes of the request_ms figure, comma-separated (default 1,16,64)",
+    )
+    p.add_argument("--batch", type=int, default=256, help="pages per timed batch (default 256)")
+    p.add_argument("--repeats", type=int, default=15, help="rounds; medians are reported (15)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.set_defaults(handler=run)
+
+
+def _positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 1 for s in sizes):
+        raise ConfigError(
+            f"--request-page-sizes {text!r}: expected positive integers separated by commas"
+        )
+    return sizes
+
+
+def _rules(page_size: int) -> GroupRules:
+    return GroupRules(page_size=page_size, rules=[PoolRule(pool=KV, restore=Restore.ALL_PAGES)])
+
+
+def _key(i: int) -> bytes:
+    return hashlib.sha256(i.to_bytes(8, "little")).digest()
+
+
+def _fill(index: PrefixIndex, pages: int, batch: int, start: int) -> int:
+    n = start
+    while n < start + pages:
+        m = min(batch, start + pages - n)
+        index.insert([_key(i) for i in range(n, n + m)], [{KV: i} for i in range(n, n + m)])
+        n += m
+    return n
+
+
+class _Sized:
+    """An index of the default write settings kept at ``pages`` pages between timed rounds."""
+
+    def __init__(self, pages: int, page_size: int, first_id: int) -> None:
+        self.index = PrefixIndex(_rules(page_size))
+        self.next = _fill(self.index, pages, 4096, first_id)
+        self.inserts: list[float] = []
+        self.matches: list[float] = []
+
+    def round(self, batch: int) -> None:
+        keys = [_key(i) for i in range(self.next, self.next + batch)]
+        where = [{KV: i} for i in range(self.next, self.next + batch)]
+        self.next += batch
+        t0 = time.perf_counter()
+        self.index.insert(keys, where)
+        t1 = time.perf_counter()
+        m = self.index.match(keys)
+        t2 = time.perf_counter()
+        if m.device_pages != batch:  # pragma: no cover - a broken index, not a slow one
+            raise RuntimeError(f"bench: matched {m.device_pages} of {batch} inserted pages")
+        self.inserts.append((t1 - t0) / batch * 1e6)
+        self.matches.append((t2 - t1) / batch * 1e6)
+        self.index.evict(Tier.DEVICE, batch)  # the oldest pages go: the size stays the same
+
+
+def index_costs(
+    sizes: list[int], *, batch: int, repeats: int, page_size: int
+) -> dict[int, tuple[float, float]]:
+    """Median (insert, match) microseconds per page for an index of each size.
+
+    The rounds of the sizes alternate, so a busy machine slows them alike. The cyclic garbage
+    collector is paused meanwhile (as ``timeit`` does): a full collection over a million pages
+    is a pause of the whole process, not a cost of the index.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        indexes: list[_Sized] = []
+        first = 0
+        for n in sizes:
+            indexes.append(_Sized(n, page_size, first))
+            first = indexes[-1].next + 10 * n + repeats * batch
+        for _ in range(repeats):
+            for sized in indexes:
+                sized.round(batch)
+        return {
+            n: (statistics.median(s.inserts), statistics.median(s.matches))
+            for n, s in zip(sizes, indexes, strict=True)
+        }
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def request_ms(tokens: list[int], page_size: int, repeats: int) -> float:
+    """Median milliseconds to hash a fully cached request and match it."""
+    index = PrefixIndex(_rules(page_size))
+    keys = chain_keys(tokens, page_size)
+    index.insert(keys, [{KV: i} for i in range(len(keys))])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m = index.match(chain_keys(tokens, page_size))
+        times.append((time.perf_counter() - t0) * 1e3)
+        if m.device_pages != len(keys):  # pragma: no cover
+            raise RuntimeError("bench: a cached request did not match whole")
+    return statistics.median(times)
+
+
+def measure(
+    *,
+    pages_max: int,
+    tokens: int,
+    page_size: int,
+    request_page_sizes: list[int],
+    batch: int,
+    repeats: int,
+) -> dict[str, Any]:
+    rng = random.Random(0)
+    ids = [rng.randrange(200_000) for _ in range(tokens)]
+    hashing = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        chain_keys(ids, page_size)
+        hashing.append(time.perf_counter() - t0)
+    sizes = sorted({min(SMALL, pages_max), pages_max})
+    costs = index_costs(sizes, batch=batch, repeats=repeats, page_size=page_size)
+    insert = {str(n): round(costs[n][0], 3) for n in sizes}
+    match = {str(n): round(costs[n][1], 3) for n in sizes}
+    return {
+        "hash_tokens_per_s": round(tokens / statistics.median(hashing)),
+        "match_us_per_page": match,
+        "insert_us_per_page": insert,
+        "page_size": page_size,
+        "request_ms": {
+            str(ps): round(request_ms(ids, ps, max(1, repeats // 3)), 3)
+            for ps in request_page_sizes
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    result = measure(
+        pages_max=_positive("pages-max", args.pages_max),
+        tokens=_positive("tokens", args.tokens),
+        page_size=_positive("page-size", args.page_size),
+        request_page_sizes=_sizes(args.request_page_sizes),
+        batch=_positive("batch", args.batch),
+        repeats=_positive("repeats", args.repeats),
+    )
+    if args.json:
+        sys.stdout.write(json.dumps({k: result[k] for k in KEYS}) + "\n")
+        return 0
+    sys.stdout.write(_human(result, args.tokens))
+    return 0
+
+
+def _human(r: dict[str, Any], tokens: int) -> str:
+    lines = [
+        f"page keys: {r['hash_tokens_per_s'] / 1e6:.1f} M tokens/s at page size {r['page_size']}",
+        f"{'pages in index':>16} {'insert us/page':>15} {'match us/page':>14}",
+    ]
+    lines.extend(
+        f"{int(n):>16,} {r['insert_us_per_page'][n]:>15.2f} {r['match_us_per_page'][n]:>14.2f}"
+        for n in r["insert_us_per_page"]
+    )
+    for ps, ms in r["request_ms"].items():
+        lines.append(f"hash + match of a {tokens:,}-token request at page size {ps}: {ms:.1f} ms")
+    return "\n".join(lines) + "\n"
