@@ -2,6 +2,7 @@
 
 - bench copy: host <-> device copy backends against a contiguous copy (hicache.cli.bench_copy).
 - bench overlap: layer-wise loads overlapped with compute (hicache.cli.bench_overlap).
+- bench storage: a store's put/get/exists against plain file I/O (hicache.cli.bench_storage).
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    from hicache.cli import bench_copy, bench_overlap
+    from hicache.cli import bench_copy, bench_overlap, bench_storage
 
-    p = sub.add_parser("bench", help="measure copies and overlap (ratios to a same-run baseline)")
+    p = sub.add_parser(
+        "bench", help="measure copies, overlap and storage (ratios to a same-run baseline)"
+    )
     inner = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     bench_copy.register(inner)
     bench_overlap.register(inner)
+    bench_storage.register(inner)
