@@ -64,7 +64,8 @@ def dynamic(**extra: object) -> StorageSettings:
 
 def test_directory_opens_at_the_configured_root(tmp_path: Path) -> None:
     store = open_store(StorageSettings("directory", {"root": str(tmp_path / "s")}))
-    assert isinstance(store, DirectoryStore) and store.root == tmp_path / "s"
+    assert isinstance(store, DirectoryStore)
+    assert store.root == tmp_path / "s"
     assert store.put([key(1)], [page(64)]) == [StoreStatus.OK]
     store.close()
 
@@ -85,7 +86,8 @@ def test_dynamic_loads_exactly_the_named_class(plugins: str) -> None:
     store = open_store(
         dynamic(backend_name="mine", module_path=f"{plugins}.stores", class_name="PluginStore")
     )
-    assert isinstance(store, Store) and store.name == "plugin"
+    assert isinstance(store, Store)
+    assert store.name == "plugin"
     assert store.config["module_path"] == f"{plugins}.stores"  # type: ignore[attr-defined]
     assert f"{plugins}.stores" in sys.modules
     assert f"{plugins}.other" not in sys.modules
@@ -111,7 +113,11 @@ def test_the_allocator_still_goes_through_the_one_resolution_point(plugins: str)
         ({"module_path": "hc_plugins.stores", "class_name": "Gone"}, ConfigError, "'Gone'"),
         ({"module_path": "hc_plugins.stores", "class_name": "not_a_class"}, ConfigError, "int"),
         ({"module_path": "hc_plugins.stores", "class_name": "NotAStore"}, ConfigError, "no Store"),
-        ({"module_path": "hc_plugins.stores", "class_name": "Broken", "host": "h1"}, StoreError, "h1"),
+        (
+            {"module_path": "hc_plugins.stores", "class_name": "Broken", "host": "h1"},
+            StoreError,
+            "h1",
+        ),
         ({"module_path": "hc_plugins.stores"}, ConfigError, "no 'class_name'"),
         ({"module_path": "../evil", "class_name": "X"}, ConfigError, "'../evil'"),
         ({"allocator": "shm"}, ConfigError, "names no store"),
@@ -144,7 +150,8 @@ def test_an_entry_point_store_opens_by_name_and_nothing_else_loads(
     )
     assert store_names() == ["directory", "mine", "trap"]
     store = open_named_store("mine", {"x": 1})
-    assert store.name == "plugin" and store.config == {"x": 1}  # type: ignore[attr-defined]
+    assert store.name == "plugin"
+    assert store.config == {"x": 1}  # type: ignore[attr-defined]
     assert f"{plugins}.other" not in sys.modules
     via_dynamic = open_store(dynamic(backend_name="mine"))
     assert via_dynamic.name == "plugin"
@@ -153,7 +160,7 @@ def test_an_entry_point_store_opens_by_name_and_nothing_else_loads(
 def test_a_known_backend_without_a_factory_may_come_from_an_entry_point(
     plugins: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(ConfigError, match="no store named 'hf3fs'.*directory"):
+    with pytest.raises(ConfigError, match=r"no store named 'hf3fs'.*directory"):
         open_store(StorageSettings("hf3fs"))
     FakeEntryPoints(monkeypatch, hf3fs=f"{plugins}.stores:PluginStore")
     assert open_store(StorageSettings("hf3fs")).name == "plugin"
@@ -163,7 +170,7 @@ def test_a_broken_entry_point_is_a_config_error_naming_it(
     plugins: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     FakeEntryPoints(monkeypatch, trap=f"{plugins}.other:Nothing")
-    with pytest.raises(ConfigError, match="entry point 'trap'.*other was imported"):
+    with pytest.raises(ConfigError, match=r"entry point 'trap'.*other was imported"):
         open_named_store("trap")
 
 
@@ -175,7 +182,7 @@ def test_two_entry_points_of_one_name_are_ambiguous(
         importlib.metadata.EntryPoint(name="x", value=v, group=STORE_ENTRY_POINT_GROUP)
         for v in (f"{plugins}.stores:PluginStore", f"{plugins}.stores:Broken")
     ]
-    with pytest.raises(ConfigError, match="2 installed entry points.*named 'x'"):
+    with pytest.raises(ConfigError, match=r"2 installed entry points.*named 'x'"):
         open_named_store("x")
 
 

@@ -65,9 +65,10 @@ def test_remove_forgets_and_is_ok_for_absent_keys(store: Store) -> None:
 
 def test_a_passed_deadline_answers_transient_without_raising(store: Store) -> None:
     past = time.monotonic() - 1
-    assert store.put([key(1), key(2)], [page(8), page(8)], deadline=past) == [
-        StoreStatus.TRANSIENT
-    ] * 2
+    assert (
+        store.put([key(1), key(2)], [page(8), page(8)], deadline=past)
+        == [StoreStatus.TRANSIENT] * 2
+    )
     store.put([key(1)], [page(8)])
     assert store.get([key(1)], [empty(8)], deadline=past) == [StoreStatus.TRANSIENT]
     assert store.exists([key(1)], deadline=past) == [False]

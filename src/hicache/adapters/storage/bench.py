@@ -49,7 +49,7 @@ def _fill(pool: HostPool) -> None:
 
 def _whole(pool: HostPool) -> list[memoryview]:
     """Every buffer of the pool as one flat byte view (what raw I/O moves)."""
-    return [memoryview(b.reshape(-1).view(torch.uint8).numpy()) for b in pool.buffers.values()]
+    return [b.reshape(-1).view(torch.uint8).numpy().data for b in pool.buffers.values()]
 
 
 def _timed(fn: Callable[[], object]) -> float:

@@ -66,12 +66,12 @@ class Summer:
         if whole:
             words = np.frombuffer(view[start : start + whole], dtype=_LE_U64)
             sums = np.add.reduce(words.reshape(-1, _WORDS), axis=1, dtype=np.uint64)
-            self._crc = zlib.crc32(sums.astype(_LE_U64, copy=False), self._crc)
+            self._crc = zlib.crc32(sums.astype(_LE_U64, copy=False).data, self._crc)
         self._carry += view[start + whole :]
 
     def _block(self, block: bytearray) -> None:
         total = np.frombuffer(block, dtype=_LE_U64).sum(dtype=np.uint64)
-        self._crc = zlib.crc32(np.array([total], dtype=_LE_U64), self._crc)
+        self._crc = zlib.crc32(np.array([total], dtype=_LE_U64).data, self._crc)
 
     def digest(self) -> int:
         """The checksum of everything fed so far (a final partial block is zero-padded)."""
@@ -79,7 +79,7 @@ class Summer:
         if self._carry:
             block = self._carry + bytes(BLOCK - len(self._carry))
             total = np.frombuffer(block, dtype=_LE_U64).sum(dtype=np.uint64)
-            crc = zlib.crc32(np.array([total], dtype=_LE_U64), crc)
+            crc = zlib.crc32(np.array([total], dtype=_LE_U64).data, crc)
         return crc & 0xFFFFFFFF
 
 

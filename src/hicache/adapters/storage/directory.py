@@ -87,6 +87,10 @@ def _root(value: object) -> Path | None:
     return Path(value)
 
 
+def _checksum(value: object) -> Checksum:
+    return Checksum.parse(value)
+
+
 @attrs.frozen(kw_only=True)
 class DirectorySettings:
     """How a DirectoryStore behaves. ``root=None``: a fresh temporary directory, removed on close."""
@@ -94,7 +98,7 @@ class DirectorySettings:
     root: Path | None = attrs.field(default=None, converter=_root)
     capacity_bytes: int | None = attrs.field(default=None, validator=_optional_positive)
     fsync: bool = attrs.field(default=False, validator=_bool)
-    checksum: Checksum = attrs.field(default=Checksum.BLOCKSUM64, converter=Checksum.parse)
+    checksum: Checksum = attrs.field(default=Checksum.BLOCKSUM64, converter=_checksum)
     timeout_s: float | None = attrs.field(default=None, validator=_optional_positive)
     stale_tmp_s: float = attrs.field(default=600.0, validator=_non_negative)
 
@@ -211,42 +215,49 @@ class DirectoryStore:
             self._index[name] = size
             self._used += size
         with self._lock:
-            victims, _ = self._evict_locked(0, keep=None)
-        self._unlink(victims)
+            self._evict_locked(0, keep=None)
 
-    def _evict_locked(self, need: int, keep: str | None) -> tuple[list[str], bool]:
-        """Drop LRU entries (never ``keep``) until ``need`` more bytes fit the cap.
+    # Every change of an object file (rename, unlink) and its index entry happen together under
+    # the lock, so the index always matches the files this process sees; the payload writes
+    # and reads, the slow part, run outside it.
 
-        Returns the evicted names (their files are the caller's to unlink) and whether it fits.
-        """
+    def _evict_locked(self, need: int, keep: str | None) -> bool:
+        """Evict LRU objects (never ``keep``) until ``need`` more bytes fit; whether they do."""
         cap = self.settings.capacity_bytes
         if cap is None:
-            return [], True
-        victims = []
+            return True
         for name in list(self._index):
             if self._used + self._pending + need <= cap:
                 break
             if name != keep:
-                self._used -= self._index.pop(name)
-                victims.append(name)
-        return victims, self._used + self._pending + need <= cap
+                self._unlink_locked(name)
+        return self._used + self._pending + need <= cap
 
-    def _unlink(self, names: Sequence[str]) -> None:
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(name))
+    def _unlink_locked(self, name: str) -> None:
+        size = self._index.pop(name, None)
+        if size is not None:
+            self._used -= size
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(name))
 
-    def _forget(self, name: str) -> None:
+    def _sync_locked(self, name: str) -> int | None:
+        """Make ``name``'s entry match its file (most recently used if present); its size."""
+        old = self._index.pop(name, None)
+        self._used -= old or 0
+        try:
+            size = os.stat(self._path(name), follow_symlinks=False).st_size
+        except OSError:
+            return None
+        self._index[name] = size
+        self._used += size
+        return size
+
+    def _touch(self, name: str) -> None:
         with self._lock:
-            size = self._index.pop(name, None)
-            if size is not None:
-                self._used -= size
-
-    def _touch(self, name: str, size: int) -> None:
-        with self._lock:
-            old = self._index.pop(name, None)
-            self._used += size - (old or 0)
-            self._index[name] = size
+            if name in self._index:
+                self._index.move_to_end(name)
+            else:
+                self._sync_locked(name)
 
     @property
     def used_bytes(self) -> int:
@@ -277,14 +288,8 @@ class DirectoryStore:
                 break
             name = object_name(key)
             with self._lock:
-                held = name in self._index
-            if not held:  # another process sharing the root may have written it
-                try:
-                    st = os.stat(self._path(name), follow_symlinks=False)
-                except OSError:
-                    continue
-                self._touch(name, st.st_size)
-            out[i] = True
+                # Not indexed: another process sharing the root may have written it.
+                out[i] = name in self._index or self._sync_locked(name) is not None
         return out
 
     def get(
@@ -315,7 +320,8 @@ class DirectoryStore:
         try:
             fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
         except FileNotFoundError:
-            self._forget(name)
+            with self._lock:
+                self._sync_locked(name)
             return StoreStatus.MISS
         except OSError:
             return StoreStatus.TRANSIENT
@@ -339,15 +345,16 @@ class DirectoryStore:
             return StoreStatus.TRANSIENT
         finally:
             os.close(fd)
-        self._touch(name, st.st_size)
+        self._touch(name)
         return StoreStatus.OK
 
     def _remove_corrupt(self, name: str, path: Path, fd: int) -> None:
         """Unlink the damaged file unless a put has already replaced it with a new one."""
-        self._forget(name)
-        with contextlib.suppress(OSError):
+        with self._lock, contextlib.suppress(OSError):
             if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                os.unlink(path)
+                self._unlink_locked(name)
+            else:
+                self._sync_locked(name)
 
     def put(
         self,
@@ -378,29 +385,37 @@ class DirectoryStore:
         cap = self.settings.capacity_bytes
         if cap is not None and size > cap:
             return StoreStatus.FULL
-        with contextlib.suppress(OSError):
-            if os.stat(path, follow_symlinks=False).st_size == size:
-                self._touch(name, size)  # content-addressed: the same key holds the same bytes
-                return StoreStatus.OK
         with self._lock:
-            victims, fits = self._evict_locked(size, keep=name)
-            if fits:
-                self._pending += size
-        self._unlink(victims)
-        if not fits:
-            return StoreStatus.FULL
+            if self._sync_locked(name) == size:
+                return StoreStatus.OK  # content-addressed: the same key holds the same bytes
+            if not self._evict_locked(size, keep=name):
+                return StoreStatus.FULL
+            self._pending += size
+        status, tmp = StoreStatus.TRANSIENT, None
         try:
-            status = self._write(key, name, path, segments)
+            status, tmp = self._write_tmp(key, name, path, segments)
         finally:
             with self._lock:
                 self._pending -= size
-        if status.ok:
-            self._touch(name, size)
+                if tmp is not None:
+                    try:
+                        os.rename(tmp, path)
+                    except OSError as e:
+                        status = _failed(e)
+                        with contextlib.suppress(OSError):
+                            os.unlink(tmp)
+                    self._sync_locked(name)
+        if status.ok and self.settings.fsync:
+            try:
+                _fsync_dir(path.parent)
+            except OSError as e:
+                return _failed(e)
         return status
 
-    def _write(
+    def _write_tmp(
         self, key: StoreKey, name: str, path: Path, segments: list[memoryview]
-    ) -> StoreStatus:
+    ) -> tuple[StoreStatus, Path | None]:
+        """Write the object to a fresh temporary file next to ``path``; it and OK, or a status."""
         algorithm = self.settings.checksum
         header = encode_header(
             key, buffer_nbytes(segments), algorithm, checksum_of(algorithm, segments)
@@ -415,22 +430,15 @@ class DirectoryStore:
                 os.fsync(fd)
             os.close(fd)
             fd = -1
-            os.rename(tmp, path)
-            if self.settings.fsync:
-                _fsync_dir(path.parent)
-        except OSError as e:
+        except BaseException as e:
             if fd >= 0:
                 os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            return StoreStatus.FULL if e.errno in _FULL_ERRNOS else StoreStatus.TRANSIENT
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if isinstance(e, OSError):
+                return _failed(e), None
             raise
-        return StoreStatus.OK
+        return StoreStatus.OK, tmp
 
     def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
         out = []
@@ -438,12 +446,9 @@ class DirectoryStore:
             if self._closed:
                 out.append(StoreStatus.FATAL)
                 continue
-            name = object_name(key)
-            self._forget(name)
             try:
-                os.unlink(self._path(name))
-            except FileNotFoundError:
-                pass
+                with self._lock:
+                    self._unlink_locked(object_name(key))
             except OSError:
                 out.append(StoreStatus.TRANSIENT)
                 continue
@@ -475,6 +480,11 @@ class DirectoryStore:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} objects, {self.used_bytes} B"
         return f"<DirectoryStore {str(self.root)!r}: {state}>"
+
+
+def _failed(e: OSError) -> StoreStatus:
+    """FULL when the disk or quota is full, else TRANSIENT (the call may succeed later)."""
+    return StoreStatus.FULL if e.errno in _FULL_ERRNOS else StoreStatus.TRANSIENT
 
 
 def _fsync_dir(path: Path) -> None:

@@ -23,7 +23,7 @@ from hicache.domain import ForeignIndexError, Layout
 def _bytes_of(buf: torch.Tensor) -> memoryview:
     """The whole buffer as one flat writable memoryview of bytes (no copy)."""
     flat = buf.reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy())
+    return flat.numpy().data
 
 
 def page_buffer(pool: HostPool, page: int) -> list[memoryview]:
