@@ -51,11 +51,11 @@ def say_and_hang(*_args):
     time.sleep(60)
 
 if mode == "mid":  # write half of the first piece asked for, then wait to be killed
-    real_writev = os.writev
-    def half_then_hang(fd, views):
-        real_writev(fd, [views[0][: max(1, views[0].nbytes // 2)]])
+    real_pwritev = os.pwritev
+    def half_then_hang(fd, views, offset):
+        real_pwritev(fd, [views[0][: max(1, views[0].nbytes // 2)]], offset)
         say_and_hang()
-    os.writev = half_then_hang
+    os.pwritev = half_then_hang
 elif mode == "before-rename":  # the temp file is whole, the rename never comes
     os.rename = say_and_hang
 elif mode == "loop":  # rewrite the key over and over until killed
@@ -305,10 +305,10 @@ def test_disk_full_is_full_and_leaves_no_temp_file(
 ) -> None:
     store = open_store(tmp_path, capacity_bytes=10 * OBJ)
 
-    def no_space(fd: int, views: object) -> int:
+    def no_space(fd: int, views: object, offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "writev", no_space)
+    monkeypatch.setattr(os, "pwritev", no_space)
     assert store.put([key(1)], [page(4096)]) == [StoreStatus.FULL]
     assert tmp_files(tmp_path) == []
     assert object_files(tmp_path) == []

@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from hicache.adapters.storage.checksum import Checksum, Summer, checksum_of
+from hicache.adapters.storage.checksum import Checksum, Summer
 from hicache.adapters.storage.format import (
     HEADER_SPAN,
     CorruptObject,
@@ -52,8 +52,8 @@ from hicache.domain.storage import (
 
 SUFFIX = ".obj"
 TMP_SUFFIX = ".tmp"
-IOV_MAX = 512  # segments per writev call (Linux allows 1024)
-READ_CHUNK = 1 << 20  # a get reads and checks this much at a time (one core's L2)
+IOV_MAX = 512  # segments per pwritev call (Linux allows 1024)
+CHUNK = 1 << 20  # puts and gets check and move this much at a time (one core's L2)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -128,25 +128,38 @@ def _segments(buffer: PageBuffer) -> list[memoryview] | None:
     return out
 
 
-def _write_all(fd: int, views: list[memoryview]) -> None:
+def _write_all(fd: int, views: list[memoryview], offset: int) -> int:
+    """Write ``views`` in order from ``offset``; the offset after them."""
     pending = [v for v in views if v.nbytes]
     while pending:
-        done = os.writev(fd, pending[:IOV_MAX])
+        done = os.pwritev(fd, pending[:IOV_MAX], offset)
+        offset += done
         while done and pending:
             if done >= pending[0].nbytes:
                 done -= pending.pop(0).nbytes
             else:
                 pending[0] = pending[0][done:]
                 done = 0
+    return offset
+
+
+def _write_checked(fd: int, views: list[memoryview], offset: int, summer: Summer) -> None:
+    """Write ``views`` from ``offset`` in CHUNK pieces, each fed to ``summer`` just before it
+    is written, so the write copies bytes the checksum has just brought into the CPU cache."""
+    for view in views:
+        for start in range(0, view.nbytes, CHUNK):
+            piece = view[start : start + CHUNK]
+            summer.update(piece)
+            offset = _write_all(fd, [piece], offset)
 
 
 def _read_checked(fd: int, views: list[memoryview], offset: int, summer: Summer) -> int:
-    """Fill ``views`` from ``offset`` in READ_CHUNK pieces, feeding each to ``summer`` while it
+    """Fill ``views`` from ``offset`` in CHUNK pieces, feeding each to ``summer`` while it
     is still in the CPU cache; the bytes read (fewer only at end of file)."""
     total = 0
     for view in views:
-        for start in range(0, view.nbytes, READ_CHUNK):
-            piece = view[start : start + READ_CHUNK]
+        for start in range(0, view.nbytes, CHUNK):
+            piece = view[start : start + CHUNK]
             got = 0
             while got < piece.nbytes:
                 n = os.preadv(fd, [piece[got:]], offset + total + got)
@@ -416,16 +429,17 @@ class DirectoryStore:
         self, key: StoreKey, name: str, path: Path, segments: list[memoryview]
     ) -> tuple[StoreStatus, Path | None]:
         """Write the object to a fresh temporary file next to ``path``; it and OK, or a status."""
-        algorithm = self.settings.checksum
-        header = encode_header(
-            key, buffer_nbytes(segments), algorithm, checksum_of(algorithm, segments)
-        )
         tmp = path.with_name(f"{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
         fd = -1
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
-            _write_all(fd, [memoryview(header), *segments])
+            summer = Summer(self.settings.checksum)
+            _write_checked(fd, segments, HEADER_SPAN, summer)
+            header = encode_header(
+                key, buffer_nbytes(segments), self.settings.checksum, summer.digest()
+            )
+            _write_all(fd, [memoryview(header)], 0)
             if self.settings.fsync:
                 os.fsync(fd)
             os.close(fd)
