@@ -185,6 +185,7 @@ class DirectoryStore:
         if not root.is_dir():
             raise StoreError(f"directory store root {str(root)!r} is not a directory")
         self.root = root
+        self._root = str(root)
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # name -> file bytes, LRU first
         self._used = 0
@@ -202,8 +203,12 @@ class DirectoryStore:
 
     # -- index --------------------------------------------------------------------------------
 
-    def _path(self, name: str) -> Path:
-        return self.root / name[:2] / (name + SUFFIX)
+    def _dir(self, name: str) -> str:
+        return f"{self._root}/{name[:2]}"
+
+    def _path(self, name: str) -> str:
+        # Plain strings: pathlib costs a few microseconds per call on the get path.
+        return f"{self._root}/{name[:2]}/{name}{SUFFIX}"
 
     def _scan(self) -> None:
         """Rebuild the LRU order from mtimes; drop temp files older than stale_tmp_s."""
@@ -361,7 +366,7 @@ class DirectoryStore:
         self._touch(name)
         return StoreStatus.OK
 
-    def _remove_corrupt(self, name: str, path: Path, fd: int) -> None:
+    def _remove_corrupt(self, name: str, path: str, fd: int) -> None:
         """Unlink the damaged file unless a put has already replaced it with a new one."""
         with self._lock, contextlib.suppress(OSError):
             if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
@@ -420,19 +425,20 @@ class DirectoryStore:
                     self._sync_locked(name)
         if status.ok and self.settings.fsync:
             try:
-                _fsync_dir(path.parent)
+                _fsync_dir(self._dir(name))
             except OSError as e:
                 return _failed(e)
         return status
 
     def _write_tmp(
-        self, key: StoreKey, name: str, path: Path, segments: list[memoryview]
-    ) -> tuple[StoreStatus, Path | None]:
+        self, key: StoreKey, name: str, path: str, segments: list[memoryview]
+    ) -> tuple[StoreStatus, str | None]:
         """Write the object to a fresh temporary file next to ``path``; it and OK, or a status."""
-        tmp = path.with_name(f"{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        folder = self._dir(name)
+        tmp = f"{folder}/{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
         fd = -1
         try:
-            path.parent.mkdir(mode=0o700, exist_ok=True)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
             summer = Summer(self.settings.checksum)
             _write_checked(fd, segments, HEADER_SPAN, summer)
@@ -501,7 +507,7 @@ def _failed(e: OSError) -> StoreStatus:
     return StoreStatus.FULL if e.errno in _FULL_ERRNOS else StoreStatus.TRANSIENT
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | _CLOEXEC)
     try:
         os.fsync(fd)
