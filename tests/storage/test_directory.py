@@ -430,3 +430,29 @@ def test_concurrent_puts_gets_and_removes_keep_the_index_equal_to_the_files(
     assert len(store) == len(files)
     assert store.used_bytes <= 6 * OBJ
     assert tmp_files(tmp_path) == []
+
+
+def test_partial_reads_and_writes_are_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_preadv, real_pwritev = os.preadv, os.pwritev
+
+    def trickle(views: list[memoryview], limit: int = 1000) -> list[memoryview]:
+        out, left = [], limit
+        for v in views:
+            if left <= 0:
+                break
+            out.append(v[:left])
+            left -= out[-1].nbytes
+        return out
+
+    monkeypatch.setattr(os, "preadv", lambda fd, vs, off: real_preadv(fd, trickle(vs), off))
+    monkeypatch.setattr(os, "pwritev", lambda fd, vs, off: real_pwritev(fd, trickle(vs), off))
+    store = open_store(tmp_path)
+    src = [
+        memoryview(bytearray(random.Random(i).randbytes(n))) for i, n in enumerate([700, 5000, 3])
+    ]
+    assert store.put([key(1)], [src]) == [OK]
+    dst = [memoryview(bytearray(n)) for n in (3000, 2703)]
+    assert store.get([key(1)], [dst]) == [OK]
+    assert joined(dst) == joined(src)

@@ -128,46 +128,79 @@ def _segments(buffer: PageBuffer) -> list[memoryview] | None:
     return out
 
 
+def _advance(pending: list[memoryview], done: int) -> None:
+    """Drop the first ``done`` bytes of ``pending`` (after a partial vectored read or write)."""
+    while done and pending:
+        if done >= pending[0].nbytes:
+            done -= pending.pop(0).nbytes
+        else:
+            pending[0] = pending[0][done:]
+            done = 0
+
+
 def _write_all(fd: int, views: list[memoryview], offset: int) -> int:
     """Write ``views`` in order from ``offset``; the offset after them."""
     pending = [v for v in views if v.nbytes]
     while pending:
         done = os.pwritev(fd, pending[:IOV_MAX], offset)
         offset += done
-        while done and pending:
-            if done >= pending[0].nbytes:
-                done -= pending.pop(0).nbytes
-            else:
-                pending[0] = pending[0][done:]
-                done = 0
+        _advance(pending, done)
     return offset
 
 
-def _write_checked(fd: int, views: list[memoryview], offset: int, summer: Summer) -> None:
-    """Write ``views`` from ``offset`` in CHUNK pieces, each fed to ``summer`` just before it
-    is written, so the write copies bytes the checksum has just brought into the CPU cache."""
+def _read_all(fd: int, views: list[memoryview], offset: int) -> int:
+    """Fill ``views`` in order from ``offset``; the bytes read (fewer only at end of file)."""
+    pending = [v for v in views if v.nbytes]
+    total = 0
+    while pending:
+        got = os.preadv(fd, pending[:IOV_MAX], offset + total)
+        if got == 0:
+            break
+        total += got
+        _advance(pending, got)
+    return total
+
+
+def _batches(views: list[memoryview]) -> list[list[memoryview]]:
+    """``views`` cut into pieces of at most CHUNK bytes, grouped into batches of at most CHUNK
+    bytes (many small segments of a layer-first page travel in one system call)."""
+    batches: list[list[memoryview]] = []
+    batch: list[memoryview] = []
+    size = 0
     for view in views:
         for start in range(0, view.nbytes, CHUNK):
             piece = view[start : start + CHUNK]
+            if batch and (size + piece.nbytes > CHUNK or len(batch) >= IOV_MAX):
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(piece)
+            size += piece.nbytes
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def _write_checked(fd: int, views: list[memoryview], offset: int, summer: Summer) -> None:
+    """Write ``views`` from ``offset`` a batch at a time, each fed to ``summer`` just before it
+    is written, so the write copies bytes the checksum has just brought into the CPU cache."""
+    for batch in _batches(views):
+        for piece in batch:
             summer.update(piece)
-            offset = _write_all(fd, [piece], offset)
+        offset = _write_all(fd, batch, offset)
 
 
 def _read_checked(fd: int, views: list[memoryview], offset: int, summer: Summer) -> int:
-    """Fill ``views`` from ``offset`` in CHUNK pieces, feeding each to ``summer`` while it
-    is still in the CPU cache; the bytes read (fewer only at end of file)."""
+    """Fill ``views`` from ``offset`` a batch at a time, feeding each batch to ``summer`` while
+    it is still in the CPU cache; the bytes read (fewer only at end of file)."""
     total = 0
-    for view in views:
-        for start in range(0, view.nbytes, CHUNK):
-            piece = view[start : start + CHUNK]
-            got = 0
-            while got < piece.nbytes:
-                n = os.preadv(fd, [piece[got:]], offset + total + got)
-                if n == 0:
-                    return total + got
-                got += n
+    for batch in _batches(views):
+        want = sum(piece.nbytes for piece in batch)
+        got = _read_all(fd, batch, offset + total)
+        total += got
+        if got < want:
+            return total
+        for piece in batch:
             summer.update(piece)
-            total += got
     return total
 
 
