@@ -456,3 +456,14 @@ def test_partial_reads_and_writes_are_resumed(
     dst = [memoryview(bytearray(n)) for n in (3000, 2703)]
     assert store.get([key(1)], [dst]) == [OK]
     assert joined(dst) == joined(src)
+
+
+def test_no_storage_module_deserialises_with_pickle() -> None:
+    import re
+
+    import hicache.adapters.storage as pkg
+
+    unsafe = re.compile(r"\bimport pickle\b|\bfrom pickle\b|torch\.load|np\.load|\bmarshal\b")
+    sources = list(Path(pkg.__file__).parent.glob("*.py"))
+    assert len(sources) >= 5
+    assert [p.name for p in sources if unsafe.search(p.read_text())] == []

@@ -173,7 +173,7 @@ def resolve_host_memory(
         else:
             raise ConfigError(
                 "storage backend 'dynamic' needs an 'allocator' in its extra config, e.g. "
-                '\'{"allocator": "shm"}\', or a store plug-in (\'module_path\' and '
+                "'{\"allocator\": \"shm\"}', or a store plug-in ('module_path' and "
                 "'class_name', or 'backend_name'); got keys "
                 f"{sorted(storage.extra_config)}"
             )

@@ -3,6 +3,7 @@
 - DirectorySettings: root, capacity cap, fsync, checksum, default timeout, stale temp age;
   ``from_config`` parses a storage extra config (unknown keys are a ConfigError).
 - DirectoryStore: the Store port over a directory (thread-safe).
+- object_name: the hex sha256 of ``str(key)``, the only part of a key that reaches a path.
 
 An object lives at ``root/<h[:2]>/<h>.obj`` with h = sha256(str(key)) in hex, so no key text
 ever becomes a path. A put writes ``<h>.<pid>.<random>.tmp`` (O_CREAT | O_EXCL) next to it,
