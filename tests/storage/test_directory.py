@@ -467,3 +467,12 @@ def test_no_storage_module_deserialises_with_pickle() -> None:
     sources = list(Path(pkg.__file__).parent.glob("*.py"))
     assert len(sources) >= 5
     assert [p.name for p in sources if unsafe.search(p.read_text())] == []
+
+
+def test_a_fan_out_directory_that_is_a_link_out_of_the_root_is_refused(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "ab").symlink_to(outside)
+    with pytest.raises(StoreError, match="'ab' is a symbolic link"):
+        open_store(root)

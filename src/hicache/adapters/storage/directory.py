@@ -249,12 +249,22 @@ class DirectoryStore:
         found: list[tuple[int, str, int]] = []
         now = time.time()
         for fan in os.scandir(self.root):
-            if len(fan.name) != 2 or not fan.is_dir(follow_symlinks=False):
+            if len(fan.name) != 2:
+                continue
+            if fan.is_symlink():  # objects must never be written through a link out of the root
+                raise StoreError(
+                    f"directory store root {self._root!r}: {fan.name!r} is a symbolic link; "
+                    "remove it (the root must be private to hicache)"
+                )
+            if not fan.is_dir(follow_symlinks=False):
                 continue
             for entry in os.scandir(fan.path):
                 if not entry.is_file(follow_symlinks=False):
                     continue
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # removed by another process sharing the root
+                    continue
                 if entry.name.endswith(SUFFIX):
                     found.append((st.st_mtime_ns, entry.name[: -len(SUFFIX)], st.st_size))
                 elif entry.name.endswith(TMP_SUFFIX) and now - st.st_mtime >= (
