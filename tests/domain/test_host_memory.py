@@ -83,6 +83,21 @@ def test_dynamic_without_an_allocator_says_what_is_missing() -> None:
         resolve_host_memory(StorageSettings("dynamic", {"size": 1}))
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{"module_path": "pkg.mod", "class_name": "Store"}, {"backend_name": "mystore"}],
+)
+def test_dynamic_naming_only_a_store_plugin_takes_anonymous_memory(extra: dict[str, str]) -> None:
+    assert resolve_host_memory(StorageSettings("dynamic", extra)).kind.name == "anonymous"
+    with_allocator = StorageSettings("dynamic", {**extra, "allocator": "shm"})
+    assert resolve_host_memory(with_allocator).kind.name == "shm"
+
+
+def test_dynamic_with_half_a_plugin_still_needs_an_allocator() -> None:
+    with pytest.raises(ConfigError, match="needs an 'allocator'"):
+        resolve_host_memory(StorageSettings("dynamic", {"module_path": "pkg.mod"}))
+
+
 @pytest.mark.parametrize("text", ['{"allocator": shm}', "{", "allocator=shm"])
 def test_malformed_json_is_a_config_error_naming_the_value(text: str) -> None:
     with pytest.raises(ConfigError, match="not valid JSON") as info:

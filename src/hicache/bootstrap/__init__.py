@@ -1,6 +1,8 @@
 """The composition root: the only code that names concrete adapters and reads config files.
 
 - config: extra config (JSON / @file), model configs (path or bundled name) into domain values.
+- storage: open_store / open_named_store / register_store_factory / store_names, the storage
+  tier's backends, "dynamic" plug-ins and entry points (adapters load only when a store opens).
 - runtime: open_runtime / Runtime, a plan materialised into host and device pools, copies,
   streams and the transfer engine. Loaded on first use, so importing hicache.bootstrap does not
   load torch.
@@ -14,6 +16,12 @@ from hicache.bootstrap.config import (
     load_model_config,
     load_model_spec,
     storage_settings,
+)
+from hicache.bootstrap.storage import (
+    open_named_store,
+    open_store,
+    register_store_factory,
+    store_names,
 )
 
 
@@ -31,6 +39,10 @@ __all__ = [
     "load_extra_config",
     "load_model_config",
     "load_model_spec",
+    "open_named_store",
     "open_runtime",
+    "open_store",
+    "register_store_factory",
     "storage_settings",
+    "store_names",
 ]

@@ -4,6 +4,7 @@
 - bench overlap: layer-wise loads overlapped with compute (hicache.cli.bench_overlap).
 - bench engine: the engine's own costs, copies excluded (hicache.cli.bench_engine).
 - bench cache: page-key hashing and the prefix index's cost per page (hicache.cli.bench_cache).
+- bench storage: a store's put/get/exists against plain file I/O (hicache.cli.bench_storage).
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    from hicache.cli import bench_cache, bench_copy, bench_engine, bench_overlap
+    from hicache.cli import bench_cache, bench_copy, bench_engine, bench_overlap, bench_storage
 
-    p = sub.add_parser("bench", help="measure copies and overlap (ratios to a same-run baseline)")
+    p = sub.add_parser(
+        "bench", help="measure copies, overlap and storage (ratios to a same-run baseline)"
+    )
     inner = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     bench_copy.register(inner)
     bench_overlap.register(inner)
     bench_engine.register(inner)
     bench_cache.register(inner)
+    bench_storage.register(inner)

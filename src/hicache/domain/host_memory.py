@@ -8,7 +8,8 @@
 - resolve_host_memory: the only function that turns storage settings into a HostMemory.
 
 Resolution rules: no backend -> anonymous; "shm" -> shm; "dynamic" -> the extra config's
-"allocator"; a store that owns host memory -> that store's memory; any other known backend ->
+"allocator", or anonymous when it names only a store plug-in (module_path and class_name, or
+backend_name); a store that owns host memory -> that store's memory; any other known backend ->
 anonymous. An unknown backend or allocator name is a ConfigError that names it.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import attrs
 
 from hicache.domain.errors import ConfigError
+from hicache.domain.store_plugins import names_store_plugin
 
 ANONYMOUS = "anonymous"
 SHM = "shm"
@@ -30,7 +32,7 @@ STORE_PREFIX = "store:"
 # Stores that hand hicache host memory they own (registered for zero-copy transfers).
 MEMORY_OWNING_STORES = frozenset({"mooncake"})
 # Backends that keep pages in their own tier and take host memory from hicache.
-PLAIN_BACKENDS = frozenset({"file", "hf3fs", "nixl", "aibrix", "eic", "lmcache"})
+PLAIN_BACKENDS = frozenset({"directory", "file", "hf3fs", "nixl", "aibrix", "eic", "lmcache"})
 KNOWN_BACKENDS = frozenset({SHM, "dynamic"}) | MEMORY_OWNING_STORES | PLAIN_BACKENDS
 KNOWN_ALLOCATORS = frozenset({ANONYMOUS, SHM}) | {STORE_PREFIX + s for s in MEMORY_OWNING_STORES}
 
@@ -164,13 +166,17 @@ def resolve_host_memory(
     elif backend == SHM:
         kind = MemoryKind(SHM)
     elif backend == "dynamic":
-        if "allocator" not in storage.extra_config:
+        if "allocator" in storage.extra_config:
+            kind = _allocator_kind(storage.extra_config["allocator"])
+        elif names_store_plugin(storage.extra_config):
+            kind = MemoryKind(ANONYMOUS)  # a plug-in store takes host memory from hicache
+        else:
             raise ConfigError(
                 "storage backend 'dynamic' needs an 'allocator' in its extra config, e.g. "
-                '\'{"allocator": "shm"}\'; got keys '
+                "'{\"allocator\": \"shm\"}', or a store plug-in ('module_path' and "
+                "'class_name', or 'backend_name'); got keys "
                 f"{sorted(storage.extra_config)}"
             )
-        kind = _allocator_kind(storage.extra_config["allocator"])
     elif backend in MEMORY_OWNING_STORES:
         kind = MemoryKind(STORE_PREFIX + backend)
     else:

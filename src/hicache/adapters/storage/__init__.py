@@ -1,1 +1,13 @@
-"""Storage adapters: the L3 stores behind the storage port (hicache.domain.storage)."""
+"""Storage (L3) adapters behind the Store port of hicache.domain.storage.
+
+- DirectoryStore / DirectorySettings: the embedded default, one checked file per page object.
+- Checksum: the payload checksums a DirectoryStore file may use.
+- page_buffer: the PageBuffer (memoryview segments) of one page of one host pool.
+- MooncakeStore (adapters.storage.mooncake, imported on demand): Mooncake Store as the L3 tier.
+"""
+
+from hicache.adapters.storage.checksum import Checksum
+from hicache.adapters.storage.directory import DirectorySettings, DirectoryStore, object_name
+from hicache.adapters.storage.page_buffers import page_buffer
+
+__all__ = ["Checksum", "DirectorySettings", "DirectoryStore", "object_name", "page_buffer"]

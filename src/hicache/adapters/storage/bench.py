@@ -1,0 +1,160 @@
+"""The measurement behind `hicache bench storage`: a store against plain file I/O of the same bytes.
+
+- StorageBench: what to measure (pages of a materialised host pool, repeats, where raw files go).
+- run_storage_bench: put every page, probe exists, get every page into a second host pool
+  (checked byte-exact), and write and read the same total bytes as one plain sequential file in
+  the same directory; medians over the repeats.
+
+Each round runs raw write (a fresh file, no fsync) then raw read (page cache warm: the file was
+just written), and store remove (so the puts write), put, exists, get (page cache warm: the
+objects were just written); the raw and the store halves alternate which goes first, after one
+uncounted warm-up round. Raw I/O moves the pool's whole buffers in 64 MiB chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from hicache.adapters.host_pool import HostPool, materialise_host_group
+from hicache.adapters.storage.page_buffers import page_buffer
+from hicache.domain import HostGroupPlan, StoreError
+from hicache.domain.storage import PageBuffer, Store, StoreKey, StoreStatus
+
+CHUNK = 64 << 20
+EXISTS_PROBES = 20000  # keys probed per exists measurement (the batch is repeated)
+
+
+@attrs.frozen(kw_only=True)
+class StorageBench:
+    plan: HostGroupPlan
+    repeats: int
+    raw_dir: Path
+
+
+def _fill(pool: HostPool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    for buf in pool.buffers.values():
+        raw = buf.view(-1).view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
+
+
+def _whole(pool: HostPool) -> list[memoryview]:
+    """Every buffer of the pool as one flat byte view (what raw I/O moves)."""
+    return [b.reshape(-1).view(torch.uint8).numpy().data for b in pool.buffers.values()]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _raw_write(path: Path, views: list[memoryview]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for view in views:
+            for off in range(0, view.nbytes, CHUNK):
+                chunk = view[off : off + CHUNK]
+                done = 0
+                while done < chunk.nbytes:
+                    done += os.write(fd, chunk[done:])
+    finally:
+        os.close(fd)
+
+
+def _raw_read(path: Path, views: list[memoryview]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for view in views:
+            for off in range(0, view.nbytes, CHUNK):
+                chunk = view[off : off + CHUNK]
+                done = 0
+                while done < chunk.nbytes:
+                    got = os.readv(fd, [chunk[done:]])
+                    if got == 0:
+                        raise StoreError(f"raw file {str(path)!r} ended early")
+                    done += got
+    finally:
+        os.close(fd)
+
+
+def _check(op: str, statuses: list[StoreStatus]) -> None:
+    bad = [s for s in statuses if s is not StoreStatus.OK]
+    if bad:
+        raise StoreError(f"bench {op}: {len(bad)} of {len(statuses)} pages answered {bad[0].value}")
+
+
+def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
+    """Measure ``store`` on every page of the plan's anchor pool; see the module docstring."""
+    with materialise_host_group(bench.plan) as src, materialise_host_group(bench.plan) as dst:
+        a, b = src.anchor, dst.anchor
+        _fill(a)
+        pages = a.pages
+        keys = [
+            StoreKey(f"bench-{os.getpid()}", a.name.value, hashlib.sha256(b"%d" % i).hexdigest())
+            for i in range(pages)
+        ]
+        put_bufs: list[PageBuffer] = [page_buffer(a, i) for i in range(pages)]
+        get_bufs: list[PageBuffer] = [page_buffer(b, i) for i in range(pages)]
+        page_bytes = a.plan.bytes_per_page
+        total = pages * page_bytes
+        raw_path = bench.raw_dir / f"hicache-bench-raw-{os.getpid()}"
+        loops = max(1, EXISTS_PROBES // pages)
+        rounds: dict[str, list[float]] = {k: [] for k in ("raw_w", "raw_r", "put", "get", "ex")}
+
+        def raw_round(times: dict[str, float]) -> None:
+            raw_path.unlink(missing_ok=True)
+            times["raw_w"] = _timed(lambda: _raw_write(raw_path, _whole(a)))
+            times["raw_r"] = _timed(lambda: _raw_read(raw_path, _whole(b)))
+            raw_path.unlink()
+
+        def store_round(times: dict[str, float]) -> None:
+            store.remove(keys)
+            got: list[list[StoreStatus]] = []
+            times["put"] = _timed(lambda: got.append(store.put(keys, put_bufs)))
+            times["ex"] = _timed(lambda: [store.exists(keys) for _ in range(loops)])
+            times["get"] = _timed(lambda: got.append(store.get(keys, get_bufs)))
+            _check("put", got[0])
+            _check("get", got[1])
+
+        try:
+            # One warm-up round, not counted; then the order of raw and store I/O alternates.
+            for r in range(bench.repeats + 1):
+                times: dict[str, float] = {}
+                for step in (raw_round, store_round) if r % 2 else (store_round, raw_round):
+                    step(times)
+                if r:
+                    for k, v in times.items():
+                        rounds[k].append(v)
+            same = all(
+                torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
+                for x, y in zip(a.buffers.values(), b.buffers.values(), strict=True)
+            )
+            if not same:  # compared as bytes: random bf16 bytes hold NaNs
+                raise StoreError("bench get: the pages read back differ from the pages put")
+        finally:
+            raw_path.unlink(missing_ok=True)
+            store.remove(keys)
+
+    def gbps(key: str) -> float:
+        return round(total / statistics.median(rounds[key]) / 1e9, 3)
+
+    return {
+        "store": store.name,
+        "pages": pages,
+        "page_bytes": page_bytes,
+        "put_gbps": gbps("put"),
+        "get_gbps": gbps("get"),
+        "exists_per_s": round(pages * loops / statistics.median(rounds["ex"])),
+        "raw_read_gbps": gbps("raw_r"),
+        "raw_write_gbps": gbps("raw_w"),
+    }
