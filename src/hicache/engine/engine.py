@@ -224,7 +224,7 @@ class TransferEngine:
                     for op in batch.ops:
                         if not op.state.finished:
                             op.closed_by_engine = True
-                            await self._abort(op)
+                            await self.abort_operation(op)
                             aborted += 1
             await wait_until(self._drained)
             if self._reaper_scope is not None:
@@ -334,7 +334,7 @@ class TransferEngine:
         """Prepare a load and submit it at once (with anything else prepared)."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         handle = self.prepare_load(host, device)
-        self.submit()
+        self._submit_or_roll_back(handle)
         return handle
 
     # ---------------------------------------------------------------------------------------
@@ -383,8 +383,35 @@ class TransferEngine:
         """Prepare an all-layer backup and submit it at once (with anything else prepared)."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         handle = self.prepare_backup(device, host)
-        self.submit()
+        self._submit_or_roll_back(handle)
         return handle
+
+    def _submit_or_roll_back(self, handle: BackupHandle | LoadHandle) -> None:
+        """Submit; if the streams refuse, roll this call's operation back, then raise.
+
+        The caller of ``load()`` / ``backup()`` gets no handle when the submission fails, so it
+        could neither wait for nor cancel its operation: the operation is given up here (its
+        slots and pins back, or its share of a joined load dropped) before the error is raised.
+        Operations queued with ``prepare_*`` stay queued: their callers hold their handles.
+        """
+        try:
+            self.submit()
+        except BaseException as e:
+            op = handle.operation
+            if op.state is not OperationState.QUEUED:
+                raise
+            op.refs -= 1
+            if op.refs == 0:
+                self._abort_queued(op, log_event="rolled_back")
+            if not isinstance(e, Exception):
+                raise
+            cause = e.__cause__ if isinstance(e, TransferError) and e.__cause__ else e
+            raise TransferError(
+                f"engine {self._name!r}: the copy streams refused the submission of "
+                f"{op.describe()} ({type(cause).__name__}: {cause}); it was rolled back (its "
+                f"slots and pins are released, no handle is returned); "
+                f"{len(self._queued)} other operation(s) stay queued"
+            ) from cause
 
     # ---------------------------------------------------------------------------------------
     # submission
@@ -480,7 +507,7 @@ class TransferEngine:
 
         return backup_all
 
-    def _submit_layer(self, batch: Batch, layer: int) -> None:
+    def submit_layer(self, batch: Batch, layer: int) -> None:
         """A layer-wise backup's layer was computed: copy it (once per submission)."""
         if batch.step_state[layer]:
             return
@@ -551,7 +578,7 @@ class TransferEngine:
             "exposed_wait_ms": round(s.exposed_wait_s * 1e3, 3),
         }
 
-    def _note_wait(self, seconds: float) -> None:
+    def note_wait(self, seconds: float) -> None:
         with self._wait_lock:
             self._waited_s += seconds
             self._counts["layer_waits"] += 1
@@ -598,7 +625,7 @@ class TransferEngine:
                 progressed = True
         return progressed
 
-    async def _wait_op(self, op: Op) -> None:
+    async def wait_operation(self, op: Op) -> None:
         if op.state is OperationState.QUEUED and self._life is _Life.OPEN:
             self.submit()
 
@@ -619,7 +646,7 @@ class TransferEngine:
             self._finish_batch(batch)  # totals and the batch's log event, now
         return True
 
-    async def _wait_step(self, op: Op, step: int) -> None:
+    async def wait_step(self, op: Op, step: int) -> None:
         if op.state is OperationState.QUEUED and self._life is _Life.OPEN:
             self.submit()
 
@@ -664,7 +691,7 @@ class TransferEngine:
         for op in batch.ops:
             if op.state is OperationState.RUNNING and not op.cancelling:
                 self._settle(op)
-        batch.finished = True
+        reusable = batch.finish()
         self._running.remove(batch)
         copy_s = batch.copy_s()
         moved = batch.moved()
@@ -676,7 +703,7 @@ class TransferEngine:
             self._counts["bytes_backed_up"] += moved
         for op in batch.ops:
             op.final_copy_s = op.copy_s()  # before the events serve another submission
-        if all(batch.step_state[i] == 2 for i in range(batch.steps)):
+        if reusable:
             self._event_sets.release(batch.events)
         outcome = {s.value: 0 for s in OperationState if s.finished}
         for op in batch.ops:
@@ -713,7 +740,7 @@ class TransferEngine:
     # ---------------------------------------------------------------------------------------
     # cancellation
     # ---------------------------------------------------------------------------------------
-    async def _abort(self, op: Op) -> None:
+    async def abort_operation(self, op: Op) -> None:
         """Give an operation up (its last handle left): stop, wait in-flight copies, release."""
         with anyio.CancelScope(shield=True):
             if op.state is OperationState.QUEUED:
@@ -751,7 +778,7 @@ class TransferEngine:
             )
             self._sweep()
 
-    def _abort_queued(self, op: Op) -> None:
+    def _abort_queued(self, op: Op, *, log_event: str = "cancelled") -> None:
         self._queued.remove(op)
         self._forget(op)
         op.state = OperationState.CANCELLED
@@ -759,7 +786,7 @@ class TransferEngine:
         self._release(op, free=True)
         kind = "loads" if op.kind is OpKind.LOAD else "backups"
         self._counts[f"{kind}_cancelled"] += 1
-        log.info(f"{op.kind.value}_cancelled", engine=self._name, op=op.id, steps_copied=0)
+        log.info(f"{op.kind.value}_{log_event}", engine=self._name, op=op.id, steps_copied=0)
 
     def _forget(self, op: Op) -> None:
         if op.key is not None and self._inflight.get(op.key) is op:
@@ -784,7 +811,7 @@ class TransferEngine:
             if free and op.allocated_host:
                 self._host_slots.free(op.host)
 
-    def _failure(self, op: Op) -> TransferError:
+    def failure_of(self, op: Op) -> TransferError:
         """The TransferError, with context, for an operation that failed."""
         step = op.failed_step
         where = (

@@ -18,23 +18,42 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 
 from hicache.domain.errors import ConfigError, EngineClosedError, TransferError
-from hicache.domain.pools import PoolName
-from hicache.engine._ops import Op, OpKind, wait_until
+from hicache.domain.pools import HostGroupPlan, PoolName
+from hicache.engine._ops import Batch, Op, OpKind, wait_until
 from hicache.engine.stats import OperationState, OperationStatistics
 
-if TYPE_CHECKING:
-    from hicache.engine.engine import TransferEngine
+
+class OperationOwner(Protocol):
+    """The engine's internal interface that handles use (and nothing private of it)."""
+
+    @property
+    def transfer_layers(self) -> int: ...
+
+    @property
+    def plan(self) -> HostGroupPlan: ...
+
+    async def wait_operation(self, op: Op) -> None: ...
+
+    async def wait_step(self, op: Op, step: int) -> None: ...
+
+    async def abort_operation(self, op: Op) -> None: ...
+
+    def submit_layer(self, batch: Batch, layer: int) -> None: ...
+
+    def note_wait(self, seconds: float) -> None: ...
+
+    def failure_of(self, op: Op) -> TransferError: ...
 
 
 class _Handle:
     """What every handle shares: identity, state, waiting, cancelling, statistics."""
 
-    def __init__(self, engine: TransferEngine, op: Op, *, joined: bool = False) -> None:
+    def __init__(self, engine: OperationOwner, op: Op, *, joined: bool = False) -> None:
         self._engine = engine
         self._op = op
         self._joined = joined
@@ -44,6 +63,11 @@ class _Handle:
         self._waits = 0
 
     # -- identity ------------------------------------------------------------------------------
+    @property
+    def operation(self) -> Op:
+        """The engine's record of the operation (internal: shared by joined handles)."""
+        return self._op
+
     @property
     def id(self) -> int:
         """The operation's id (handles that share one load share it)."""
@@ -87,7 +111,7 @@ class _Handle:
         """
         start = time.perf_counter()
         try:
-            await self._engine._wait_op(self._op)
+            await self._engine.wait_operation(self._op)
         except BaseException:
             await self._cancel_shielded()
             raise
@@ -111,7 +135,7 @@ class _Handle:
             self._cancelled = True
         op.refs -= 1
         if op.refs == 0:
-            await self._engine._abort(op)
+            await self._engine.abort_operation(op)
         else:
             await anyio.lowlevel.checkpoint()
 
@@ -139,7 +163,7 @@ class _Handle:
         self._waited_s += seconds
         self._waits += 1
         if self._op.kind is OpKind.LOAD:  # exposed time is what a forward pass waits for
-            self._engine._note_wait(seconds)
+            self._engine.note_wait(seconds)
 
     def _raise_if_unusable(self, layer: int | None) -> None:
         """Raise the error that explains why (this layer of) the operation is not there."""
@@ -151,7 +175,7 @@ class _Handle:
             )
         failed = op.failed_step
         if failed is not None and (layer is None or op.kind is OpKind.BACKUP or failed <= layer):
-            raise self._engine._failure(op)
+            raise self._engine.failure_of(op)
         if op.state is OperationState.CANCELLED:
             if op.closed_by_engine and op.batch is None:
                 raise EngineClosedError(
@@ -225,7 +249,7 @@ class LoadHandle(_Handle):
             self._note_wait(0.0)
         else:
             start = time.perf_counter()
-            batch.events[layer].wait_current()
+            batch.wait_step(layer)
             self._note_wait(time.perf_counter() - start)
         if op.failed_step is not None:
             self._raise_if_unusable(layer)
@@ -241,7 +265,7 @@ class LoadHandle(_Handle):
             )
         start = time.perf_counter()
         try:
-            await self._engine._wait_step(self._op, layer)
+            await self._engine.wait_step(self._op, layer)
         except BaseException:
             await self._cancel_shielded()
             raise
@@ -276,7 +300,7 @@ class LayerwiseBackupHandle(BackupHandle):
         op = self._op
         if op.batch is None or self._cancelled or op.state is OperationState.CANCELLED:
             raise self._unavailable(layer)
-        self._engine._submit_layer(op.batch, layer)
+        self._engine.submit_layer(op.batch, layer)
 
     async def __aenter__(self) -> LayerwiseBackupHandle:
         return self
