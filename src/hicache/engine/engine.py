@@ -10,7 +10,9 @@ allocators it is given, unless the caller names them. Until an operation finishe
 owns what it allocated and pins every page it touches (host pins: pages a load reads or a backup
 writes; device pins: pages a load writes or a backup reads), so that they cannot be freed or
 evicted. On success the allocated pages belong to the caller; on failure or cancellation they
-are freed, and pins are always dropped.
+are freed, and pins are always dropped. With ``device_ownership="framework"`` the serving
+framework's allocator owns every device page: loads and backups name their device pages (any id
+in range; the engine never allocates or frees one) and only pins protect them while in flight.
 
 Threads: the engine's methods belong to the event loop's thread, except ``LoadHandle.wait_layer``
 and ``LayerwiseBackupHandle.layer_computed``, which a forward pass may call from its own thread,
@@ -50,6 +52,9 @@ log = structlog.get_logger("hicache.engine")
 
 PageSet = Mapping[PoolName, Sequence[int]] | Mapping[str, Sequence[int]] | GroupAllocation
 PageDict = dict[PoolName, tuple[int, ...]]
+# Who owns device pages: the engine's allocator ("engine": loads may leave them to the engine)
+# or the serving framework ("framework": every load and backup names its device pages).
+DEVICE_OWNERSHIP = ("engine", "framework")
 
 
 class _Life(enum.Enum):
@@ -80,6 +85,7 @@ class TransferEngine:
         device_pins: PinTable | None = None,
         event_sets: int = 3,
         name: str = "engine",
+        device_ownership: str = "engine",
     ) -> None:
         if not isinstance(plan, HostGroupPlan):
             raise ConfigError(f"plan must be a HostGroupPlan, got {type(plan).__name__}")
@@ -93,6 +99,13 @@ class TransferEngine:
         for label, slots in (("host_slots", host_slots), ("device_slots", device_slots)):
             if not isinstance(slots, GroupAllocator):
                 raise ConfigError(f"{label} must be a GroupAllocator, got {type(slots).__name__}")
+        if device_ownership not in DEVICE_OWNERSHIP:
+            raise ConfigError(
+                f"device_ownership must be one of {list(DEVICE_OWNERSHIP)}, got "
+                f"{device_ownership!r}"
+            )
+        self._framework_device = device_ownership == "framework"
+        self._device_ownership = device_ownership
         self._plan = plan
         self._transfer = transfer
         self._streams = streams
@@ -281,7 +294,13 @@ class TransferEngine:
 
     @property
     def device_slots(self) -> GroupAllocator:
+        """The device allocator: page ranges always; ownership only with ``"engine"``."""
         return self._device_slots
+
+    @property
+    def device_ownership(self) -> str:
+        """Who owns device pages: ``"engine"`` (its allocator) or ``"framework"``."""
+        return self._device_ownership
 
     # ---------------------------------------------------------------------------------------
     # loads
@@ -300,6 +319,11 @@ class TransferEngine:
         self._host_writes.check_unpinned(hp, action="load from")
         key: tuple[tuple[PoolName, tuple[int, ...]], ...] | None = None
         if device is None:
+            if self._framework_device:
+                raise ConfigError(
+                    f"engine {self._name!r} works on device pages the framework owns "
+                    f"(device_ownership='framework'): pass the device pages to load into"
+                )
             key = tuple((p, hp[p]) for p in self._owners if p in hp)
             shared = self._inflight.get(key)
             if shared is not None and shared.joinable:
@@ -311,7 +335,7 @@ class TransferEngine:
             dp: PageDict = dict(self._device_slots.allocate(counts).pages)
             allocated = True
         else:
-            dp = self._pages(device, "device", self._device_slots)
+            dp = self._device_pages(device)
             self._check_pairing(hp, dp)
             self._device_pins.check_unpinned(dp, action="load into")
             allocated = False
@@ -352,7 +376,7 @@ class TransferEngine:
         copies layer i of every layer-wise backup of the same submission.
         """
         self._check_open("back up")
-        dp = self._pages(device, "device", self._device_slots)
+        dp = self._device_pages(device)
         self._device_writes.check_unpinned(dp, action="back up")
         if host is None:
             counts = {p: len(v) for p, v in dp.items()}
@@ -526,6 +550,11 @@ class TransferEngine:
 
     def free_device(self, pages: PageSet) -> None:
         """Return device pages to their allocator; raises PinnedPageError for pinned pages."""
+        if self._framework_device:
+            raise ConfigError(
+                f"engine {self._name!r} does not own device pages (device_ownership="
+                f"'framework'): the framework's allocator frees them"
+            )
         self._sweep_if_open()
         dp = self._pages(pages, "device", self._device_slots, allocated=False)
         self._device_pins.check_unpinned(dp, action="free")
@@ -862,6 +891,12 @@ class TransferEngine:
         if not any(out.values()):
             raise ConfigError(f"no {side} pages given: expected at least one page")
         return {p: out[p] for p in self._owners if out.get(p)}
+
+    def _device_pages(self, pages: PageSet) -> PageDict:
+        """Device pages: allocated in the engine's allocator, or any in range if the framework's."""
+        return self._pages(
+            pages, "device", self._device_slots, allocated=not self._framework_device
+        )
 
     @staticmethod
     def _check_ids(
