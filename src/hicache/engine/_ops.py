@@ -83,6 +83,7 @@ class Op:
         self.step_bytes = step_bytes
         self.step_ids = tuple(i for i, maps in enumerate(steps) if maps)
         self.key = key
+        self.after: object | None = None  # the ordering point the copies wait for (None: default)
         self.pages = sum(len(v) for v in host.values())
         self.state = OperationState.QUEUED
         self.refs = 1

@@ -305,14 +305,18 @@ class TransferEngine:
     # ---------------------------------------------------------------------------------------
     # loads
     # ---------------------------------------------------------------------------------------
-    def prepare_load(self, host: PageSet, device: PageSet | None = None) -> LoadHandle:
+    def prepare_load(
+        self, host: PageSet, device: PageSet | None = None, *, after: object | None = None
+    ) -> LoadHandle:
         """Queue a load of ``host`` pages (per slot-owning pool; sidecars follow the anchor).
 
         Without ``device`` the engine allocates the device pages (``handle.device_pages``); a
         load of exactly the same host pages that is already queued or in flight is joined
         instead (one transfer, ``handle.joined``; the handles share the device pages). With
         ``device`` the pages land there (same pools, same counts; the caller keeps owning
-        them). Takes slots and pins now; runs at the next ``submit()``.
+        them). Takes slots and pins now; runs at the next ``submit()``. ``after``: the
+        ordering point the copies wait for (see ``Streams.after_compute``; default: the calling
+        thread's current compute stream at submission). A load with an ``after`` is never joined.
         """
         self._check_open("load")
         hp = self._pages(host, "host", self._host_slots)
@@ -324,13 +328,14 @@ class TransferEngine:
                     f"engine {self._name!r} works on device pages the framework owns "
                     f"(device_ownership='framework'): pass the device pages to load into"
                 )
-            key = tuple((p, hp[p]) for p in self._owners if p in hp)
-            shared = self._inflight.get(key)
-            if shared is not None and shared.joinable:
-                shared.refs += 1
-                self._counts["loads_joined"] += 1
-                log.debug("load_joined", engine=self._name, op=shared.id, refs=shared.refs)
-                return LoadHandle(self, shared, joined=True)
+            if after is None:  # a load with its own ordering point is never shared
+                key = tuple((p, hp[p]) for p in self._owners if p in hp)
+                shared = self._inflight.get(key)
+                if shared is not None and shared.joinable:
+                    shared.refs += 1
+                    self._counts["loads_joined"] += 1
+                    log.debug("load_joined", engine=self._name, op=shared.id, refs=shared.refs)
+                    return LoadHandle(self, shared, joined=True)
             counts = {p: len(v) for p, v in hp.items()}
             dp: PageDict = dict(self._device_slots.allocate(counts).pages)
             allocated = True
@@ -345,6 +350,7 @@ class TransferEngine:
             if allocated:
                 self._device_slots.free(dp)
             raise
+        op.after = after
         self._host_pins.pin(hp)
         self._device_pins.pin(dp)
         self._device_writes.pin(dp)
@@ -354,10 +360,16 @@ class TransferEngine:
         log.debug("load_prepared", engine=self._name, op=op.id, pages=op.pages)
         return LoadHandle(self, op)
 
-    async def load(self, host: PageSet, device: PageSet | None = None) -> LoadHandle:
-        """Prepare a load and submit it at once (with anything else prepared)."""
+    async def load(
+        self, host: PageSet, device: PageSet | None = None, *, after: object | None = None
+    ) -> LoadHandle:
+        """Prepare a load and submit it at once (with anything else prepared).
+
+        If the streams refuse the submission, the load is rolled back (slots and pins back)
+        and TransferError is raised; nothing of it stays queued.
+        """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        handle = self.prepare_load(host, device)
+        handle = self.prepare_load(host, device, after=after)
         self._submit_or_roll_back(handle)
         return handle
 
@@ -365,13 +377,19 @@ class TransferEngine:
     # backups
     # ---------------------------------------------------------------------------------------
     def prepare_backup(
-        self, device: PageSet, host: PageSet | None = None, *, layerwise: bool = False
+        self,
+        device: PageSet,
+        host: PageSet | None = None,
+        *,
+        layerwise: bool = False,
+        after: object | None = None,
     ) -> BackupHandle:
         """Queue a backup of ``device`` pages (all layers) into host pages.
 
         Without ``host`` the engine allocates the host pages (``handle.host_pages``, the
-        caller's once the backup is done). The copy stream waits for the compute issued so far
-        before it reads (``streams.after_compute``). With ``layerwise=True`` the handle is a
+        caller's once the backup is done). The copy stream waits for compute before it reads:
+        ``after`` (a stream or an event the framework recorded; CpuFence on the CPU), or by
+        default what the submitting thread's current compute stream issued so far. With ``layerwise=True`` the handle is a
         LayerwiseBackupHandle: nothing is copied at ``submit()``; each ``layer_computed(i)``
         copies layer i of every layer-wise backup of the same submission.
         """
@@ -394,6 +412,7 @@ class TransferEngine:
             if allocated:
                 self._host_slots.free(hp)
             raise
+        op.after = after
         self._host_pins.pin(hp)
         self._host_writes.pin(hp)
         self._device_pins.pin(dp)
@@ -403,10 +422,16 @@ class TransferEngine:
             return LayerwiseBackupHandle(self, op)
         return BackupHandle(self, op)
 
-    async def backup(self, device: PageSet, host: PageSet | None = None) -> BackupHandle:
-        """Prepare an all-layer backup and submit it at once (with anything else prepared)."""
+    async def backup(
+        self, device: PageSet, host: PageSet | None = None, *, after: object | None = None
+    ) -> BackupHandle:
+        """Prepare an all-layer backup and submit it at once (with anything else prepared).
+
+        If the streams refuse the submission, the backup is rolled back and TransferError is
+        raised, as for ``load``.
+        """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        handle = self.prepare_backup(device, host)
+        handle = self.prepare_backup(device, host, after=after)
         self._submit_or_roll_back(handle)
         return handle
 
@@ -505,7 +530,7 @@ class TransferEngine:
         # a moment ago may still have queued kernels reading. Either way the copy stream
         # first waits for the compute issued so far (a GPU-side wait; nothing on CPU).
         try:
-            self._streams.after_compute(kind.direction)
+            self._order(kind.direction, ops)
         except Exception as e:
             with batch.lock:
                 for op in ops:
@@ -531,12 +556,32 @@ class TransferEngine:
 
         return backup_all
 
-    def submit_layer(self, batch: Batch, layer: int) -> None:
-        """A layer-wise backup's layer was computed: copy it (once per submission)."""
+    def submit_layer(self, batch: Batch, layer: int, after: object | None = None) -> None:
+        """A layer-wise backup's layer was computed: copy it (once per submission).
+
+        Ordered after ``after`` if given, else after each operation's own ordering point.
+        """
         if batch.step_state[layer]:
             return
-        self._streams.after_compute(Direction.BACKUP)
+        if after is not None:
+            self._streams.after_compute(Direction.BACKUP, after)
+        else:
+            self._order(Direction.BACKUP, batch.ops)
         batch.submit_step(layer, self._streams)
+
+    def _order(self, direction: Direction, ops: Sequence[Op]) -> None:
+        """Order the direction's copy stream after every distinct ordering point of ``ops``."""
+        points: list[object] = []
+        default = False
+        for op in ops:
+            if op.after is None:
+                default = True
+            elif not any(p is op.after for p in points):
+                points.append(op.after)
+        if default:
+            self._streams.after_compute(direction)
+        for point in points:
+            self._streams.after_compute(direction, point)
 
     # ---------------------------------------------------------------------------------------
     # freeing pages

@@ -43,7 +43,7 @@ class OperationOwner(Protocol):
 
     async def abort_operation(self, op: Op) -> None: ...
 
-    def submit_layer(self, batch: Batch, layer: int) -> None: ...
+    def submit_layer(self, batch: Batch, layer: int, after: object | None = None) -> None: ...
 
     def note_wait(self, seconds: float) -> None: ...
 
@@ -287,8 +287,12 @@ class BackupHandle(_Handle):
 class LayerwiseBackupHandle(BackupHandle):
     """A backup during prefill: layer i is copied right after its compute."""
 
-    def layer_computed(self, layer: int) -> None:
+    def layer_computed(self, layer: int, *, after: object | None = None) -> None:
         """Compute wrote layer ``layer``: submit its copy (after the compute, on the copy stream).
+
+        ``after``: the ordering point for this layer (a stream or an event recorded after the
+        layer's compute; CpuFence on the CPU); default: the backup's own, or the calling
+        thread's current compute stream.
 
         Every backup merged into the same submission is copied by the first call for a layer;
         later calls for that layer do nothing. Never blocks.
@@ -300,7 +304,7 @@ class LayerwiseBackupHandle(BackupHandle):
         op = self._op
         if op.batch is None or self._cancelled or op.state is OperationState.CANCELLED:
             raise self._unavailable(layer)
-        self._engine.submit_layer(op.batch, layer)
+        self._engine.submit_layer(op.batch, layer, after)
 
     async def __aenter__(self) -> LayerwiseBackupHandle:
         return self
