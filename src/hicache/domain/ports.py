@@ -23,7 +23,6 @@ import attrs
 from hicache.domain.errors import ConfigError
 from hicache.domain.pools import PoolName
 
-
 # What a copy is ordered after; its concrete types belong to the streams adapter: a
 # torch.cuda.Stream or torch.cuda.Event for CUDA streams, an object with ``wait()`` (a
 # threading.Event, hicache.adapters.streams.cpu.CpuFence) for CPU streams.

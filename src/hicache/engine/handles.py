@@ -159,6 +159,17 @@ class _Handle:
         )
 
     # -- helpers -------------------------------------------------------------------------------
+    def _transfer_layer(self, model_layer: int) -> int:
+        """The transfer layer of ``model_layer`` (the forward pass's numbering)."""
+        plan = self._engine.plan
+        layer = plan.transfer_layer_of(model_layer)
+        if layer is None:
+            raise ConfigError(
+                f"model layer {model_layer!r} holds no cache in this group: the cached model "
+                f"layers are {list(plan.cached_model_layers)}"
+            )
+        return layer
+
     def _note_wait(self, seconds: float) -> None:
         self._waited_s += seconds
         self._waits += 1
@@ -254,6 +265,15 @@ class LoadHandle(_Handle):
         if op.failed_step is not None:
             self._raise_if_unusable(layer)
 
+    def wait_model_layer(self, model_layer: int) -> None:
+        """``wait_layer`` by model layer id (``plan.transfer_layer_of``); ConfigError if the
+        model layer holds no cache in this group."""
+        self.wait_layer(self._transfer_layer(model_layer))
+
+    async def wait_model_layer_ready(self, model_layer: int) -> None:
+        """``wait_layer_ready`` by model layer id."""
+        await self.wait_layer_ready(self._transfer_layer(model_layer))
+
     async def wait_layer_ready(self, layer: int) -> None:
         """Wait (without blocking the event loop) until layer ``layer`` is in place.
 
@@ -305,6 +325,10 @@ class LayerwiseBackupHandle(BackupHandle):
         if op.batch is None or self._cancelled or op.state is OperationState.CANCELLED:
             raise self._unavailable(layer)
         self._engine.submit_layer(op.batch, layer, after)
+
+    def model_layer_computed(self, model_layer: int, *, after: object | None = None) -> None:
+        """``layer_computed`` by model layer id (``plan.transfer_layer_of``)."""
+        self.layer_computed(self._transfer_layer(model_layer), after=after)
 
     async def __aenter__(self) -> LayerwiseBackupHandle:
         return self
