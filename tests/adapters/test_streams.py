@@ -230,7 +230,8 @@ def test_cpu_work_ordered_after_a_fence_waits_on_the_worker_not_the_caller(
     ev = streams.submit(Direction.BACKUP, lambda: ran.append("copy"))
     assert time.perf_counter() - start < 1.0
     time.sleep(0.05)
-    assert ran == [] and not ev.query()  # the copy waits for the fence
+    assert ran == []  # the copy waits for the fence
+    assert not ev.query()
     fence.signal()
     ev.synchronize()
     assert ran == ["copy"]

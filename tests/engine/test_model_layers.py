@@ -18,7 +18,8 @@ def test_nemotron_h_maps_52_model_layers_onto_28_transfer_layers(fixtures_dir: P
     config = json.loads((fixtures_dir / "nemotron-h-8b-base-8k.json").read_text())
     plan = plan_stack(ModelSpec.from_hf_config(config))
     pattern = config["hybrid_override_pattern"]
-    assert len(pattern) == 52 and plan.transfer_layers == 28
+    assert len(pattern) == 52
+    assert plan.transfer_layers == 28
     seen = []
     for model_layer, kind in enumerate(pattern):
         transfer = plan.transfer_layer_of(model_layer)
@@ -34,7 +35,8 @@ def test_nemotron_h_maps_52_model_layers_onto_28_transfer_layers(fixtures_dir: P
         assert index == plan.pool(pool).binding.pool_layer(transfer)
         assert plan.pool_layer_of(other, model_layer) is None
     assert seen == list(range(28))
-    assert plan.pool_layer_of(PoolName.KV, 7) == 0 and plan.pool_layer_of(PoolName.KV, 40) == 3
+    assert plan.pool_layer_of(PoolName.KV, 7) == 0
+    assert plan.pool_layer_of(PoolName.KV, 40) == 3
     with pytest.raises(ConfigError, match="transfer layer 28 is out of range"):
         plan.model_layer_of(28)
     with pytest.raises(ConfigError, match="non-negative integer"):
@@ -44,7 +46,8 @@ def test_nemotron_h_maps_52_model_layers_onto_28_transfer_layers(fixtures_dir: P
 def test_a_plan_without_model_layers_numbers_them_as_transfer_layers() -> None:
     plan = hybrid_plan()
     assert plan.cached_model_layers == tuple(range(plan.transfer_layers))
-    assert plan.transfer_layer_of(3) == 3 and plan.transfer_layer_of(6) is None
+    assert plan.transfer_layer_of(3) == 3
+    assert plan.transfer_layer_of(6) is None
     with pytest.raises(GroupError, match="names a model layer twice"):
         attrs.evolve(plan, model_layers=(0, 1, 1, 2, 3, 4))
 

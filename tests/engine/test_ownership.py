@@ -90,10 +90,8 @@ async def test_open_runtime_chooses_who_owns_device_pages(ownership: str) -> Non
         engine = rt.engine
         assert engine.device_ownership == ownership
         host = rt.host_slots.allocate({KV: 1}).pages
-        if ownership == "engine":
-            device = rt.device_slots.allocate({KV: 1}).pages
-        else:
-            device = {KV: (2,)}  # the framework's page; the engine's allocator never saw it
+        # With "framework", page 2 is the framework's: the engine's allocator never saw it.
+        device = rt.device_slots.allocate({KV: 1}).pages if ownership == "engine" else {KV: (2,)}
         backup = await engine.backup(device, host)
         await backup.wait()
         load = await engine.load(host, device)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -109,10 +110,8 @@ class _Waiters:
                 self.seen[i] = gen
                 time.sleep(0)
                 continue
-            try:
+            with contextlib.suppress(TransferError):
                 handle.wait_layer(self.layer)
-            except TransferError:
-                pass
 
     def idle(self) -> bool:
         return all(s == self.generation for s in self.seen)
