@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -35,23 +35,20 @@ import structlog
 from hicache.domain.errors import (
     ConfigError,
     EngineClosedError,
-    ForeignIndexError,
     HiCacheError,
-    SlotError,
     TransferError,
 )
 from hicache.domain.pins import PinTable
 from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
 from hicache.domain.ports import Direction, PageMap, Streams, Transfer
-from hicache.domain.slots import GroupAllocation, GroupAllocator, PageAllocator
+from hicache.domain.slots import GroupAllocator
 from hicache.engine._ops import POLL_MAX_S, POLL_MIN_S, Batch, EventSets, Op, OpKind, wait_until
+from hicache.engine._pages import PageDict, PageSet, check_pairing, normalise_pages
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
 from hicache.engine.stats import EngineStatistics, OperationState
 
 log = structlog.get_logger("hicache.engine")
 
-PageSet = Mapping[PoolName, Sequence[int]] | Mapping[str, Sequence[int]] | GroupAllocation
-PageDict = dict[PoolName, tuple[int, ...]]
 # Who owns device pages: the engine's allocator ("engine": loads may leave them to the engine)
 # or the serving framework ("framework": every load and backup names its device pages).
 DEVICE_OWNERSHIP = ("engine", "framework")
@@ -910,32 +907,15 @@ class TransferEngine:
         self, pages: PageSet, side: str, slots: GroupAllocator, *, allocated: bool = True
     ) -> PageDict:
         """Normalise a page set: slot-owning pools of this plan, valid ids, allocated pages."""
-        raw: Mapping[Any, Sequence[int]]
-        raw = pages.pages if isinstance(pages, GroupAllocation) else pages
-        if not isinstance(raw, Mapping):
-            raise ConfigError(
-                f"{side} pages must be a mapping of pool name to page ids, got {type(raw).__name__}"
-            )
-        out: PageDict = {}
-        for key, ids in raw.items():
-            pool = PoolName.parse(key)
-            if pool in self._sidecars:
-                raise ConfigError(
-                    f"pool {pool.value!r} is a sidecar: it follows the anchor's pages; give "
-                    f"pages for {self._anchor.value!r} instead"
-                )
-            if pool not in self._owners:
-                raise ConfigError(
-                    f"pool {pool.value!r} is not in this group: expected pages for "
-                    f"{[p.value for p in self._owners]}"
-                )
-            if pool in out:
-                raise ConfigError(f"pool {pool.value!r} is named twice in the {side} pages")
-            allocator = slots.allocator(pool)
-            out[pool] = self._check_ids(ids, pool, side, allocator, allocated=allocated)
-        if not any(out.values()):
-            raise ConfigError(f"no {side} pages given: expected at least one page")
-        return {p: out[p] for p in self._owners if out.get(p)}
+        return normalise_pages(
+            pages,
+            side,
+            slots,
+            owners=self._owners,
+            sidecars=self._sidecars,
+            anchor=self._anchor,
+            allocated=allocated,
+        )
 
     def _device_pages(self, pages: PageSet) -> PageDict:
         """Device pages: allocated in the engine's allocator, or any in range if the framework's."""
@@ -943,41 +923,7 @@ class TransferEngine:
             pages, "device", self._device_slots, allocated=not self._framework_device
         )
 
-    @staticmethod
-    def _check_ids(
-        ids: Iterable[int], pool: PoolName, side: str, allocator: PageAllocator, *, allocated: bool
-    ) -> tuple[int, ...]:
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-            raise ConfigError(
-                f"{side} pages of pool {pool.value!r} must be a sequence of ints, got {ids!r}"
-            )
-        out = tuple(ids)
-        seen: set[int] = set()
-        for page in out:
-            if type(page) is not int or not 0 <= page < allocator.pages:
-                raise ForeignIndexError(
-                    f"{side} page {page!r} does not belong to pool {pool.value!r} "
-                    f"(ids 0..{allocator.pages - 1})"
-                )
-            if page in seen:
-                raise ConfigError(f"{side} page {page} of pool {pool.value!r} is listed twice")
-            seen.add(page)
-            if allocated and allocator.is_free(page):
-                raise SlotError(
-                    f"{side} page {page} of pool {pool.value!r} is free: allocate it before "
-                    f"a transfer uses it"
-                )
-        return out
-
-    @staticmethod
-    def _check_pairing(a: PageDict, b: PageDict) -> None:
-        for pool in a.keys() | b.keys():
-            na, nb = len(a.get(pool, ())), len(b.get(pool, ()))
-            if na != nb:
-                raise ConfigError(
-                    f"pool {pool.value!r}: {na} pages on one side paired with {nb} on the other; "
-                    f"host and device pages pair 1:1"
-                )
+    _check_pairing = staticmethod(check_pairing)
 
     def _new_op(
         self,
