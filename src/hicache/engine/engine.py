@@ -38,6 +38,7 @@ from hicache.domain.errors import (
     HiCacheError,
     TransferError,
 )
+from hicache.domain.ledger import Action, Free, Ledger, Pin, PinTableKind, Side, Unpin
 from hicache.domain.pins import PinTable
 from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
 from hicache.domain.ports import Direction, PageMap, Streams, Transfer
@@ -142,6 +143,8 @@ class TransferEngine:
         self._next_op = 1
         self._next_batch = 1
         self._wait_lock = threading.Lock()
+        # Slots, pins and operation states: the pure bookkeeping; the engine applies its actions.
+        self._ledger = Ledger()
         self._counts: dict[str, int] = dict.fromkeys(
             (
                 "loads",
@@ -234,6 +237,8 @@ class TransferEngine:
                     for op in batch.ops:
                         if not op.state.finished:
                             op.closed_by_engine = True
+                            if not op.cancelling:
+                                self._ledger.closing(op.id)
                             await self.abort_operation(op)
                             aborted += 1
             await wait_until(self._drained)
@@ -329,7 +334,7 @@ class TransferEngine:
                 key = tuple((p, hp[p]) for p in self._owners if p in hp)
                 shared = self._inflight.get(key)
                 if shared is not None and shared.joinable:
-                    shared.refs += 1
+                    shared.refs = self._ledger.joined(shared.id)
                     self._counts["loads_joined"] += 1
                     log.debug("load_joined", engine=self._name, op=shared.id, refs=shared.refs)
                     return LoadHandle(self, shared, joined=True)
@@ -348,9 +353,9 @@ class TransferEngine:
                 self._device_slots.free(dp)
             raise
         op.after = after
-        self._host_pins.pin(hp)
-        self._device_pins.pin(dp)
-        self._device_writes.pin(dp)
+        self._apply(
+            self._ledger.prepared(op.id, load=True, host=hp, device=dp, allocated_device=allocated)
+        )
         self._queued.append(op)
         if key is not None:
             self._inflight[key] = op
@@ -410,9 +415,9 @@ class TransferEngine:
                 self._host_slots.free(hp)
             raise
         op.after = after
-        self._host_pins.pin(hp)
-        self._host_writes.pin(hp)
-        self._device_pins.pin(dp)
+        self._apply(
+            self._ledger.prepared(op.id, load=False, host=hp, device=dp, allocated_host=allocated)
+        )
         self._queued.append(op)
         log.debug("backup_prepared", engine=self._name, op=op.id, pages=op.pages, kind=kind.value)
         if layerwise:
@@ -446,8 +451,7 @@ class TransferEngine:
             op = handle.operation
             if op.state is not OperationState.QUEUED:
                 raise
-            op.refs -= 1
-            if op.refs == 0:
+            if self.drop_handle(op) == 0:
                 self._abort_queued(op, log_event="rolled_back")
             if not isinstance(e, Exception):
                 raise
@@ -507,6 +511,7 @@ class TransferEngine:
         self._counts["submissions"] += 1
         now = time.perf_counter()
         for op in ops:
+            self._ledger.submitted(op.id)
             op.state = OperationState.RUNNING
             op.t_submitted = now
             if kind is OpKind.LAYERWISE_BACKUP:  # nothing is recorded until layer_computed
@@ -741,10 +746,11 @@ class TransferEngine:
         if op.state is not OperationState.RUNNING or op.cancelling:
             return
         failed = op.failed_step is not None
+        actions = self._ledger.finished(op.id, failed=failed)
         op.state = OperationState.FAILED if failed else OperationState.DONE
         op.t_finished = time.perf_counter()
         self._forget(op)
-        self._release(op, free=failed)
+        self._apply(actions)
         kind = "loads" if op.kind is OpKind.LOAD else "backups"
         self._counts[f"{kind}_failed" if failed else kind] += 1
         if failed:
@@ -834,10 +840,11 @@ class TransferEngine:
                 in_flight = len(op.included)
             await wait_until(lambda: batch.included_done(op))
             failed = op.failed_step is not None
+            actions = self._ledger.stopped(op.id, failed=failed)
             op.state = OperationState.FAILED if failed else OperationState.CANCELLED
             op.t_finished = time.perf_counter()
             op.cancelling = False
-            self._release(op, free=True)
+            self._apply(actions)
             kind = "loads" if op.kind is OpKind.LOAD else "backups"
             self._counts[f"{kind}_failed" if failed else f"{kind}_cancelled"] += 1
             log.info(
@@ -852,9 +859,10 @@ class TransferEngine:
     def _abort_queued(self, op: Op, *, log_event: str = "cancelled") -> None:
         self._queued.remove(op)
         self._forget(op)
+        actions = self._ledger.cancelled_queued(op.id)
         op.state = OperationState.CANCELLED
         op.t_finished = time.perf_counter()
-        self._release(op, free=True)
+        self._apply(actions)
         kind = "loads" if op.kind is OpKind.LOAD else "backups"
         self._counts[f"{kind}_cancelled"] += 1
         log.info(f"{op.kind.value}_{log_event}", engine=self._name, op=op.id, steps_copied=0)
@@ -863,24 +871,33 @@ class TransferEngine:
         if op.key is not None and self._inflight.get(op.key) is op:
             del self._inflight[op.key]
 
-    def _release(self, op: Op, *, free: bool) -> None:
-        """Drop the operation's pins; with ``free``, return the pages it allocated."""
-        host_tables = [self._host_pins]
-        device_tables = [self._device_pins]
-        if op.kind is OpKind.LOAD:
-            device_tables.append(self._device_writes)
-        else:
-            host_tables.append(self._host_writes)
+    def _apply(self, actions: Sequence[Action]) -> None:
+        """Apply the ledger's actions: pins, then unpins, then frees (frees even if one fails)."""
+        tables = {
+            PinTableKind.HOST: self._host_pins,
+            PinTableKind.DEVICE: self._device_pins,
+            PinTableKind.HOST_WRITES: self._host_writes,
+            PinTableKind.DEVICE_WRITES: self._device_writes,
+        }
         try:
-            for table in host_tables:
-                table.unpin(op.host)
-            for table in device_tables:
-                table.unpin(op.device)
+            for action in actions:
+                if isinstance(action, Pin):
+                    tables[action.table].pin(action.pages)
+                elif isinstance(action, Unpin):
+                    tables[action.table].unpin(action.pages)
         finally:
-            if free and op.allocated_device:
-                self._device_slots.free(op.device)
-            if free and op.allocated_host:
-                self._host_slots.free(op.host)
+            for action in actions:
+                if isinstance(action, Free):
+                    slots = self._host_slots if action.side is Side.HOST else self._device_slots
+                    slots.free(action.pages)
+
+    def drop_handle(self, op: Op) -> int:
+        """A handle gave ``op`` up; how many handles still hold it (0: abort it)."""
+        if op.state.finished:
+            op.refs = max(op.refs - 1, 0)
+            return op.refs
+        op.refs = self._ledger.handle_dropped(op.id)
+        return op.refs
 
     def failure_of(self, op: Op) -> TransferError:
         """The TransferError, with context, for an operation that failed."""

@@ -43,6 +43,8 @@ class OperationOwner(Protocol):
 
     async def abort_operation(self, op: Op) -> None: ...
 
+    def drop_handle(self, op: Op) -> int: ...
+
     def submit_layer(self, batch: Batch, layer: int, after: object | None = None) -> None: ...
 
     def note_wait(self, seconds: float) -> None: ...
@@ -133,8 +135,7 @@ class _Handle:
         self._detached = True
         if op.state is not OperationState.DONE:
             self._cancelled = True
-        op.refs -= 1
-        if op.refs == 0:
+        if self._engine.drop_handle(op) == 0:
             await self._engine.abort_operation(op)
         else:
             await anyio.lowlevel.checkpoint()
