@@ -216,3 +216,52 @@ def test_open_streams_gives_cuda_streams_on_a_gpu() -> None:
         assert s.device.startswith("cuda")
     finally:
         s.close()
+
+
+def test_cpu_work_ordered_after_a_fence_waits_on_the_worker_not_the_caller(
+    streams: CpuStreams,
+) -> None:
+    from hicache.adapters.streams.cpu import CpuFence
+
+    fence = CpuFence()
+    ran: list[str] = []
+    start = time.perf_counter()
+    streams.after_compute(Direction.BACKUP, fence)  # returns at once
+    ev = streams.submit(Direction.BACKUP, lambda: ran.append("copy"))
+    assert time.perf_counter() - start < 1.0
+    time.sleep(0.05)
+    assert ran == []  # the copy waits for the fence
+    assert not ev.query()
+    fence.signal()
+    ev.synchronize()
+    assert ran == ["copy"]
+    ready = threading.Event()
+    ready.set()
+    streams.after_compute(Direction.LOAD, ready)  # any object with wait()
+    streams.submit(Direction.LOAD, lambda: None).synchronize()
+    with pytest.raises(TransferError, match="cannot order CPU streams"):
+        streams.after_compute(Direction.BACKUP, object())
+
+
+@pytest.mark.gpu
+def test_cuda_copies_ordered_after_an_event_of_another_stream_read_what_it_wrote() -> None:
+    import torch
+
+    s = open_streams("cuda")
+    try:
+        side = torch.cuda.Stream()
+        dev = torch.zeros(1 << 20, dtype=torch.float32, device="cuda")
+        out = torch.empty(1 << 20, dtype=torch.float32).pin_memory()
+        with torch.cuda.stream(side):  # an overlap scheduler's forward stream
+            torch.cuda._sleep(50_000_000)
+            dev.fill_(3.0)
+            done = torch.cuda.Event()
+            done.record(side)
+        s.after_compute(Direction.BACKUP, done)  # the current stream knows nothing of ``side``
+        s.submit(Direction.BACKUP, lambda: out.copy_(dev, non_blocking=True)).synchronize()
+        assert float(out.min()) == 3.0
+        s.after_compute(Direction.LOAD, side)
+        with pytest.raises(TransferError, match="cannot order CUDA streams"):
+            s.after_compute(Direction.LOAD, object())
+    finally:
+        s.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from hicache.adapters.streams.cpu import CpuStreams
@@ -162,5 +163,43 @@ async def test_reporting_layers_after_a_layerwise_batch_ended_touches_nothing() 
             await other.wait()
             assert [c[1] for c in rig.transfer.calls_of("backup_layer")] == [0]
             assert other.state is OperationState.DONE
+    finally:
+        rig.close_streams()
+
+
+@pytest.mark.asyncio
+async def test_backup_and_load_wait_for_the_ordering_point_they_are_given() -> None:
+    from hicache.adapters.streams.cpu import CpuFence
+
+    rig = Rig()
+    try:
+        async with rig.engine as engine:
+            device = rig.device_slots.allocate({KV: 1}).pages
+            rig.transfer.fill_device(KV, device[KV], "before")
+            fence = CpuFence()  # the forward pass signals it once compute wrote the pages
+            handle = await engine.backup(device, after=fence)
+            await anyio.sleep(0.05)
+            assert rig.transfer.calls_of("backup") == []  # the copy waits for the fence...
+            rig.transfer.fill_device(KV, device[KV], "computed")
+            fence.signal()
+            await handle.wait()  # ...so it reads what compute wrote
+            assert rig.backed_up(device, handle.host_pages)
+            fence2 = CpuFence()
+            load = await engine.load(handle.host_pages, after=fence2)
+            await anyio.sleep(0.05)
+            assert rig.transfer.calls_of("load") == []
+            fence2.signal()
+            await load.wait()
+            layerwise = engine.prepare_backup(device, handle.host_pages, layerwise=True)
+            engine.submit()
+            fences = [CpuFence() for _ in range(rig.layers)]
+            for layer in range(rig.layers):
+                layerwise.layer_computed(layer, after=fences[layer])
+            await anyio.sleep(0.02)
+            assert rig.transfer.calls_of("backup_layer") == []
+            for f in fences:
+                f.signal()
+            await layerwise.wait()
+            engine.free_device(load.device_pages)
     finally:
         rig.close_streams()

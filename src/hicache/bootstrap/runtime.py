@@ -124,6 +124,7 @@ def open_runtime(
     host_pins: PinTable | None = None,
     device_pins: PinTable | None = None,
     name: str = "engine",
+    device_ownership: str = "engine",
 ) -> Runtime:
     """Materialise ``plan`` and wire an engine over it; enter the result with ``async with``.
 
@@ -131,7 +132,10 @@ def open_runtime(
     policy for a GPU). Device pools: allocated on ``device`` with the plan's device capacities
     (or ``device_capacities``), or, with ``device_tensors``, a serving framework's existing
     per-layer tensors (checked against the plan). ``backend`` picks the copy backend ("auto":
-    the measured default per pool). Everything built so far is closed again if a step fails.
+    the measured default per pool). ``device_ownership``: ``"engine"`` (the engine allocates
+    device pages for loads that name none) or ``"framework"`` (the serving framework's allocator
+    owns every device page; loads and backups name theirs, see docs/engine.md). Everything built
+    so far is closed again if a step fails.
     """
     if not isinstance(plan, HostGroupPlan):
         raise ConfigError(f"open_runtime needs a HostGroupPlan, got {type(plan).__name__}")
@@ -169,6 +173,7 @@ def open_runtime(
             device_pins=device_pins,
             event_sets=event_sets,
             name=name,
+            device_ownership=device_ownership,
         )
     except BaseException:
         try:

@@ -10,6 +10,8 @@
 - HostGroupPlan: the pools of one model rank and their one resolved HostMemory.
   HostGroupPlan(...) builds from pool plans; HostGroupPlan.assemble(...) checks pool descriptions
   that each carry their own memory kind and raises AllocatorMismatchError when they differ.
+  ``transfer_layer_of`` / ``model_layer_of`` / ``pool_layer_of`` map model layer ids to transfer
+  layer indices and to each pool's buffer index (without ``model_layers``: the same numbers).
 """
 
 from __future__ import annotations
@@ -156,6 +158,7 @@ class HostGroupPlan:
     tp_size: int = 1
     stage: tuple[int, int] | None = None
     _transfer_layers: int = attrs.field(init=False, default=0, repr=False, eq=False)
+    _by_model: dict[int, int] = attrs.field(init=False, factory=dict, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         names = [p.name for p in self.pools]
@@ -195,6 +198,10 @@ class HostGroupPlan:
             raise GroupError(
                 f"model_layers has {len(self.model_layers)} entries for {len(union)} transfer layers"
             )
+        ids = self.model_layers if self.model_layers is not None else tuple(range(len(union)))
+        if len(set(ids)) != len(ids):
+            raise GroupError(f"model_layers names a model layer twice: {list(ids)}")
+        self._by_model.update({m: t for t, m in enumerate(ids)})
 
     @classmethod
     def assemble(
@@ -231,6 +238,34 @@ class HostGroupPlan:
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.pools)
+
+    @property
+    def cached_model_layers(self) -> tuple[int, ...]:
+        """The model layer id of each transfer layer (the transfer indices without model_layers)."""
+        if self.model_layers is not None:
+            return self.model_layers
+        return tuple(range(self._transfer_layers))
+
+    def transfer_layer_of(self, model_layer: int) -> int | None:
+        """The transfer layer of model layer ``model_layer``; None if it holds no cache here."""
+        if type(model_layer) is not int or model_layer < 0:
+            raise ConfigError(f"model layer must be a non-negative integer, got {model_layer!r}")
+        return self._by_model.get(model_layer)
+
+    def model_layer_of(self, transfer_layer: int) -> int:
+        """The model layer id of transfer layer ``transfer_layer``."""
+        n = self._transfer_layers
+        if type(transfer_layer) is not int or not 0 <= transfer_layer < n:
+            raise ConfigError(
+                f"transfer layer {transfer_layer!r} is out of range: expected 0..{n - 1}"
+            )
+        return self.cached_model_layers[transfer_layer]
+
+    def pool_layer_of(self, pool: PoolName | str, model_layer: int) -> int | None:
+        """The buffer index in ``pool`` that model layer ``model_layer`` uses; None if none."""
+        plan = self.pool(pool)
+        transfer = self.transfer_layer_of(model_layer)
+        return None if transfer is None else plan.binding.pool_layer(transfer)
 
     def pool(self, name: PoolName | str) -> PoolPlan:
         key = PoolName.parse(name)

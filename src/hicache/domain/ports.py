@@ -6,7 +6,10 @@
 - Event: completion of work submitted to a copy stream (query, synchronize, make compute wait,
   how long the work took); an event that finished can be recorded again (reused).
 - Streams: dedicated copy streams per direction that run submitted work in order; hands out idle
-  events and re-records finished ones.
+  events and re-records finished ones; ``after_compute`` orders a copy stream after compute
+  (what the caller's thread issued so far, or an explicit ordering point).
+- OrderingPoint: what a load or backup is ordered after, in the adapter's own terms (a CUDA
+  stream or event; on the CPU an object with ``wait()``, e.g. a CpuFence).
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ import attrs
 
 from hicache.domain.errors import ConfigError
 from hicache.domain.pools import PoolName
+
+# What a copy is ordered after; its concrete types belong to the streams adapter: a
+# torch.cuda.Stream or torch.cuda.Event for CUDA streams, an object with ``wait()`` (a
+# threading.Event, hicache.adapters.streams.cpu.CpuFence) for CPU streams.
+OrderingPoint = object
 
 
 class Direction(enum.Enum):
@@ -124,8 +132,14 @@ class Streams(Protocol):
         """An idle event (``query()`` is True, nothing recorded) to reuse with ``submit``."""
         ...
 
-    def after_compute(self, direction: Direction) -> None:
-        """Make the direction's stream wait for what the compute stream has issued so far."""
+    def after_compute(self, direction: Direction, after: OrderingPoint | None = None) -> None:
+        """Make the direction's stream wait for compute before the work submitted next.
+
+        ``after=None`` (the default): what the calling thread's current compute stream has
+        issued so far (CUDA; nothing to order on the CPU). Otherwise ``after`` is the ordering
+        point: a stream or an event the framework recorded (CUDA), an object with ``wait()``
+        (CPU). The wait happens on the copy stream; the caller never blocks.
+        """
         ...
 
     def close(self) -> None: ...

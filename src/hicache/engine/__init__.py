@@ -6,6 +6,8 @@
 - LoadHandle / BackupHandle / LayerwiseBackupHandle: what a load or backup returns
   (hicache.engine.handles).
 - OperationState, OperationStatistics, EngineStatistics: frozen snapshots (hicache.engine.stats).
+- SyncEngine / open_sync: the synchronous face, the engine on its own event-loop thread
+  (hicache.engine.sync).
 
 See docs/engine.md for a complete serving loop.
 """
@@ -13,6 +15,7 @@ See docs/engine.md for a complete serving loop.
 from hicache.engine.engine import PageSet, TransferEngine
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
 from hicache.engine.stats import EngineStatistics, OperationState, OperationStatistics
+from hicache.engine.sync import SyncEngine, open_sync
 
 __all__ = [
     "BackupHandle",
@@ -22,5 +25,7 @@ __all__ = [
     "OperationState",
     "OperationStatistics",
     "PageSet",
+    "SyncEngine",
     "TransferEngine",
+    "open_sync",
 ]

@@ -83,6 +83,7 @@ class Op:
         self.step_bytes = step_bytes
         self.step_ids = tuple(i for i, maps in enumerate(steps) if maps)
         self.key = key
+        self.after: object | None = None  # the ordering point the copies wait for (None: default)
         self.pages = sum(len(v) for v in host.values())
         self.state = OperationState.QUEUED
         self.refs = 1
@@ -157,6 +158,10 @@ class Batch:
         self.submitted = 0
         self.sealed = False  # no further step will be submitted (layer-wise batches)
         self.finished = False
+        # Forward-pass threads inside ``wait_layer`` on one of the events (guarded by lock): a
+        # finished batch gives its events back for reuse only when none is waiting on them,
+        # else a waiter could end up waiting on another submission's work.
+        self.waiters = 0
         self.t_submitted = time.perf_counter()
         # One page map per pool for the whole submission (the copy backend takes one map per
         # pool per call, and keeps per-map state across the layers of one batch).
@@ -221,6 +226,30 @@ class Batch:
             if self.submitted == self.steps:
                 self.sealed = True
         return True
+
+    # -- forward-pass threads ---------------------------------------------------------------
+    def wait_step(self, step: int) -> None:
+        """Block (CPU) or order the current stream (CUDA) after ``step``; never on a reused event.
+
+        The batch's events go back to the pool when it finishes: the waiter registers under the
+        lock first, so that they are not handed to another submission while it waits on one.
+        """
+        with self.lock:
+            if self.finished:
+                return
+            self.waiters += 1
+            event = self.events[step]
+        try:
+            event.wait_current()
+        finally:
+            with self.lock:
+                self.waiters -= 1
+
+    def finish(self) -> bool:
+        """Mark the batch finished; True if its events may be reused (nobody waits on them)."""
+        with self.lock:
+            self.finished = True
+            return self.waiters == 0 and all(s == 2 for s in self.step_state)
 
     # -- questions the event loop asks ----------------------------------------------------------
     def op_done(self, op: Op) -> bool:

@@ -10,7 +10,15 @@ allocators it is given, unless the caller names them. Until an operation finishe
 owns what it allocated and pins every page it touches (host pins: pages a load reads or a backup
 writes; device pins: pages a load writes or a backup reads), so that they cannot be freed or
 evicted. On success the allocated pages belong to the caller; on failure or cancellation they
-are freed, and pins are always dropped.
+are freed, and pins are always dropped. With ``device_ownership="framework"`` the serving
+framework's allocator owns every device page: loads and backups name their device pages (any id
+in range; the engine never allocates or frees one) and only pins protect them while in flight.
+
+Modules: this one holds the public face (life cycle, prepare/load/backup, freeing pages,
+statistics); ``_submission`` starts operations (merged submissions, ordering points),
+``_settling`` ends them (settling, waits, cancellation), ``_pages`` checks page sets, ``_ops``
+holds operations and batches; slots, pins and operation states are decided by the domain's
+ledger (hicache.domain.ledger), whose actions the engine applies.
 
 Threads: the engine's methods belong to the event loop's thread, except ``LoadHandle.wait_layer``
 and ``LayerwiseBackupHandle.layer_computed``, which a forward pass may call from its own thread,
@@ -19,10 +27,7 @@ and ``statistics``.
 
 from __future__ import annotations
 
-import enum
 import threading
-import time
-from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -33,33 +38,28 @@ import structlog
 from hicache.domain.errors import (
     ConfigError,
     EngineClosedError,
-    ForeignIndexError,
-    HiCacheError,
-    SlotError,
     TransferError,
 )
+from hicache.domain.ledger import Ledger
 from hicache.domain.pins import PinTable
 from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
-from hicache.domain.ports import Direction, PageMap, Streams, Transfer
-from hicache.domain.slots import GroupAllocation, GroupAllocator, PageAllocator
-from hicache.engine._ops import POLL_MAX_S, POLL_MIN_S, Batch, EventSets, Op, OpKind, wait_until
+from hicache.domain.ports import PageMap, Streams, Transfer
+from hicache.domain.slots import GroupAllocator
+from hicache.engine._ops import Batch, EventSets, Op, OpKind, wait_until
+from hicache.engine._pages import PageDict, PageSet, check_pairing, normalise_pages
+from hicache.engine._settling import _Life
+from hicache.engine._submission import Submitting
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
 from hicache.engine.stats import EngineStatistics, OperationState
 
 log = structlog.get_logger("hicache.engine")
 
-PageSet = Mapping[PoolName, Sequence[int]] | Mapping[str, Sequence[int]] | GroupAllocation
-PageDict = dict[PoolName, tuple[int, ...]]
+# Who owns device pages: the engine's allocator ("engine": loads may leave them to the engine)
+# or the serving framework ("framework": every load and backup names its device pages).
+DEVICE_OWNERSHIP = ("engine", "framework")
 
 
-class _Life(enum.Enum):
-    NEW = "new"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-class TransferEngine:
+class TransferEngine(Submitting):
     """Moves pages of one host group to and from one device group, layer by layer.
 
     Arguments are the group's plan, a copy backend (Transfer), copy streams (Streams) for the
@@ -80,6 +80,7 @@ class TransferEngine:
         device_pins: PinTable | None = None,
         event_sets: int = 3,
         name: str = "engine",
+        device_ownership: str = "engine",
     ) -> None:
         if not isinstance(plan, HostGroupPlan):
             raise ConfigError(f"plan must be a HostGroupPlan, got {type(plan).__name__}")
@@ -93,6 +94,13 @@ class TransferEngine:
         for label, slots in (("host_slots", host_slots), ("device_slots", device_slots)):
             if not isinstance(slots, GroupAllocator):
                 raise ConfigError(f"{label} must be a GroupAllocator, got {type(slots).__name__}")
+        if device_ownership not in DEVICE_OWNERSHIP:
+            raise ConfigError(
+                f"device_ownership must be one of {list(DEVICE_OWNERSHIP)}, got "
+                f"{device_ownership!r}"
+            )
+        self._framework_device = device_ownership == "framework"
+        self._device_ownership = device_ownership
         self._plan = plan
         self._transfer = transfer
         self._streams = streams
@@ -132,6 +140,8 @@ class TransferEngine:
         self._next_op = 1
         self._next_batch = 1
         self._wait_lock = threading.Lock()
+        # Slots, pins and operation states: the pure bookkeeping; the engine applies its actions.
+        self._ledger = Ledger()
         self._counts: dict[str, int] = dict.fromkeys(
             (
                 "loads",
@@ -224,7 +234,9 @@ class TransferEngine:
                     for op in batch.ops:
                         if not op.state.finished:
                             op.closed_by_engine = True
-                            await self._abort(op)
+                            if not op.cancelling:
+                                self._ledger.closing(op.id)
+                            await self.abort_operation(op)
                             aborted += 1
             await wait_until(self._drained)
             if self._reaper_scope is not None:
@@ -281,37 +293,53 @@ class TransferEngine:
 
     @property
     def device_slots(self) -> GroupAllocator:
+        """The device allocator: page ranges always; ownership only with ``"engine"``."""
         return self._device_slots
+
+    @property
+    def device_ownership(self) -> str:
+        """Who owns device pages: ``"engine"`` (its allocator) or ``"framework"``."""
+        return self._device_ownership
 
     # ---------------------------------------------------------------------------------------
     # loads
     # ---------------------------------------------------------------------------------------
-    def prepare_load(self, host: PageSet, device: PageSet | None = None) -> LoadHandle:
+    def prepare_load(
+        self, host: PageSet, device: PageSet | None = None, *, after: object | None = None
+    ) -> LoadHandle:
         """Queue a load of ``host`` pages (per slot-owning pool; sidecars follow the anchor).
 
         Without ``device`` the engine allocates the device pages (``handle.device_pages``); a
         load of exactly the same host pages that is already queued or in flight is joined
         instead (one transfer, ``handle.joined``; the handles share the device pages). With
         ``device`` the pages land there (same pools, same counts; the caller keeps owning
-        them). Takes slots and pins now; runs at the next ``submit()``.
+        them). Takes slots and pins now; runs at the next ``submit()``. ``after``: the
+        ordering point the copies wait for (see ``Streams.after_compute``; default: the calling
+        thread's current compute stream at submission). A load with an ``after`` is never joined.
         """
         self._check_open("load")
         hp = self._pages(host, "host", self._host_slots)
         self._host_writes.check_unpinned(hp, action="load from")
         key: tuple[tuple[PoolName, tuple[int, ...]], ...] | None = None
         if device is None:
-            key = tuple((p, hp[p]) for p in self._owners if p in hp)
-            shared = self._inflight.get(key)
-            if shared is not None and shared.joinable:
-                shared.refs += 1
-                self._counts["loads_joined"] += 1
-                log.debug("load_joined", engine=self._name, op=shared.id, refs=shared.refs)
-                return LoadHandle(self, shared, joined=True)
+            if self._framework_device:
+                raise ConfigError(
+                    f"engine {self._name!r} works on device pages the framework owns "
+                    f"(device_ownership='framework'): pass the device pages to load into"
+                )
+            if after is None:  # a load with its own ordering point is never shared
+                key = tuple((p, hp[p]) for p in self._owners if p in hp)
+                shared = self._inflight.get(key)
+                if shared is not None and shared.joinable:
+                    shared.refs = self._ledger.joined(shared.id)
+                    self._counts["loads_joined"] += 1
+                    log.debug("load_joined", engine=self._name, op=shared.id, refs=shared.refs)
+                    return LoadHandle(self, shared, joined=True)
             counts = {p: len(v) for p, v in hp.items()}
             dp: PageDict = dict(self._device_slots.allocate(counts).pages)
             allocated = True
         else:
-            dp = self._pages(device, "device", self._device_slots)
+            dp = self._device_pages(device)
             self._check_pairing(hp, dp)
             self._device_pins.check_unpinned(dp, action="load into")
             allocated = False
@@ -321,38 +349,51 @@ class TransferEngine:
             if allocated:
                 self._device_slots.free(dp)
             raise
-        self._host_pins.pin(hp)
-        self._device_pins.pin(dp)
-        self._device_writes.pin(dp)
+        op.after = after
+        self._apply(
+            self._ledger.prepared(op.id, load=True, host=hp, device=dp, allocated_device=allocated)
+        )
         self._queued.append(op)
         if key is not None:
             self._inflight[key] = op
         log.debug("load_prepared", engine=self._name, op=op.id, pages=op.pages)
         return LoadHandle(self, op)
 
-    async def load(self, host: PageSet, device: PageSet | None = None) -> LoadHandle:
-        """Prepare a load and submit it at once (with anything else prepared)."""
+    async def load(
+        self, host: PageSet, device: PageSet | None = None, *, after: object | None = None
+    ) -> LoadHandle:
+        """Prepare a load and submit it at once (with anything else prepared).
+
+        If the streams refuse the submission, the load is rolled back (slots and pins back)
+        and TransferError is raised; nothing of it stays queued.
+        """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        handle = self.prepare_load(host, device)
-        self.submit()
+        handle = self.prepare_load(host, device, after=after)
+        self._submit_or_roll_back(handle)
         return handle
 
     # ---------------------------------------------------------------------------------------
     # backups
     # ---------------------------------------------------------------------------------------
     def prepare_backup(
-        self, device: PageSet, host: PageSet | None = None, *, layerwise: bool = False
+        self,
+        device: PageSet,
+        host: PageSet | None = None,
+        *,
+        layerwise: bool = False,
+        after: object | None = None,
     ) -> BackupHandle:
         """Queue a backup of ``device`` pages (all layers) into host pages.
 
         Without ``host`` the engine allocates the host pages (``handle.host_pages``, the
-        caller's once the backup is done). The copy stream waits for the compute issued so far
-        before it reads (``streams.after_compute``). With ``layerwise=True`` the handle is a
+        caller's once the backup is done). The copy stream waits for compute before it reads:
+        ``after`` (a stream or an event the framework recorded; CpuFence on the CPU), or by
+        default what the submitting thread's current compute stream issued so far. With ``layerwise=True`` the handle is a
         LayerwiseBackupHandle: nothing is copied at ``submit()``; each ``layer_computed(i)``
         copies layer i of every layer-wise backup of the same submission.
         """
         self._check_open("back up")
-        dp = self._pages(device, "device", self._device_slots)
+        dp = self._device_pages(device)
         self._device_writes.check_unpinned(dp, action="back up")
         if host is None:
             counts = {p: len(v) for p, v in dp.items()}
@@ -370,122 +411,54 @@ class TransferEngine:
             if allocated:
                 self._host_slots.free(hp)
             raise
-        self._host_pins.pin(hp)
-        self._host_writes.pin(hp)
-        self._device_pins.pin(dp)
+        op.after = after
+        self._apply(
+            self._ledger.prepared(op.id, load=False, host=hp, device=dp, allocated_host=allocated)
+        )
         self._queued.append(op)
         log.debug("backup_prepared", engine=self._name, op=op.id, pages=op.pages, kind=kind.value)
         if layerwise:
             return LayerwiseBackupHandle(self, op)
         return BackupHandle(self, op)
 
-    async def backup(self, device: PageSet, host: PageSet | None = None) -> BackupHandle:
-        """Prepare an all-layer backup and submit it at once (with anything else prepared)."""
+    async def backup(
+        self, device: PageSet, host: PageSet | None = None, *, after: object | None = None
+    ) -> BackupHandle:
+        """Prepare an all-layer backup and submit it at once (with anything else prepared).
+
+        If the streams refuse the submission, the backup is rolled back and TransferError is
+        raised, as for ``load``.
+        """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        handle = self.prepare_backup(device, host)
-        self.submit()
+        handle = self.prepare_backup(device, host, after=after)
+        self._submit_or_roll_back(handle)
         return handle
 
-    # ---------------------------------------------------------------------------------------
-    # submission
-    # ---------------------------------------------------------------------------------------
-    def submit(self) -> None:
-        """Submit everything prepared since the last call: one merged submission per kind.
+    def _submit_or_roll_back(self, handle: BackupHandle | LoadHandle) -> None:
+        """Submit; if the streams refuse, roll this call's operation back, then raise.
 
-        Loads: one copy call and one event per transfer layer for all of them; backups: one
-        copy call after the compute; layer-wise backups: one event set whose layers are copied
-        as the forward pass reports them. Never blocks; copy failures surface in the handles.
+        The caller of ``load()`` / ``backup()`` gets no handle when the submission fails, so it
+        could neither wait for nor cancel its operation: the operation is given up here (its
+        slots and pins back, or its share of a joined load dropped) before the error is raised.
+        Operations queued with ``prepare_*`` stay queued: their callers hold their handles.
         """
-        if self._life is not _Life.OPEN:
-            self._check_open("submit")
-        self._sweep()
-        if not self._queued:
-            return
-        queued, self._queued = self._queued, []
         try:
-            for kind in OpKind:
-                ops = [op for op in queued if op.kind is kind]
-                if ops:
-                    self._launch(kind, ops)
+            self.submit()
         except BaseException as e:
-            # Nothing may be lost: operations that did not reach a copy stream stay queued,
-            # with their slots and pins, for a later submit(), a cancel or close() to settle.
-            self._queued = [op for op in queued if op.state is OperationState.QUEUED]
-            if isinstance(e, Exception) and not isinstance(e, HiCacheError):
-                raise TransferError(
-                    f"engine {self._name!r}: the copy streams refused a submission "
-                    f"({type(e).__name__}: {e}); {len(self._queued)} operation(s) stay queued"
-                ) from e
-            raise
-        if self._wakeup is not None:
-            self._wakeup.set()
-
-    def _launch(self, kind: OpKind, ops: list[Op]) -> None:
-        steps = 1 if kind is OpKind.BACKUP else self._layers
-        call = self._call(kind)
-        batch = Batch(
-            batch_id=self._next_batch,
-            kind=kind,
-            ops=ops,
-            call=call,
-            events=self._event_sets.acquire(steps),
-        )
-        self._next_batch += 1
-        self._counts["submissions"] += 1
-        now = time.perf_counter()
-        for op in ops:
-            op.state = OperationState.RUNNING
-            op.t_submitted = now
-            if kind is OpKind.LAYERWISE_BACKUP:  # nothing is recorded until layer_computed
-                op.batch = batch
-        self._running.append(batch)
-        log.debug(
-            "batch_submitted",
-            engine=self._name,
-            batch=batch.id,
-            kind=kind.value,
-            ops=len(ops),
-            pages=sum(op.pages for op in ops),
-            steps=steps,
-        )
-        if kind is OpKind.LAYERWISE_BACKUP:
-            return
-        # A backup reads what compute wrote; a load writes device pages that a request freed
-        # a moment ago may still have queued kernels reading. Either way the copy stream
-        # first waits for the compute issued so far (a GPU-side wait; nothing on CPU).
-        try:
-            self._streams.after_compute(kind.direction)
-        except Exception as e:
-            with batch.lock:
-                for op in ops:
-                    op.stopped = True
-                    op.failed_step = 0
-                    op.error = e
-        for step in range(steps):
-            batch.submit_step(step, self._streams)
-        # Only now: a forward pass on another thread that sees the batch must find every
-        # step's event recorded (an event not recorded yet reads as finished).
-        for op in ops:
-            op.batch = batch
-
-    def _call(self, kind: OpKind) -> Any:
-        transfer = self._transfer
-        if kind is OpKind.LOAD:
-            return transfer.load_layer
-        if kind is OpKind.LAYERWISE_BACKUP:
-            return transfer.backup_layer
-
-        def backup_all(_step: int, maps: Sequence[PageMap]) -> int:
-            return transfer.backup(maps)
-
-        return backup_all
-
-    def _submit_layer(self, batch: Batch, layer: int) -> None:
-        """A layer-wise backup's layer was computed: copy it (once per submission)."""
-        if batch.step_state[layer]:
-            return
-        self._streams.after_compute(Direction.BACKUP)
-        batch.submit_step(layer, self._streams)
+            op = handle.operation
+            if op.state is not OperationState.QUEUED:
+                raise
+            if self.drop_handle(op) == 0:
+                self._abort_queued(op, log_event="rolled_back")
+            if not isinstance(e, Exception):
+                raise
+            cause = e.__cause__ if isinstance(e, TransferError) and e.__cause__ else e
+            raise TransferError(
+                f"engine {self._name!r}: the copy streams refused the submission of "
+                f"{op.describe()} ({type(cause).__name__}: {cause}); it was rolled back (its "
+                f"slots and pins are released, no handle is returned); "
+                f"{len(self._queued)} other operation(s) stay queued"
+            ) from cause
 
     # ---------------------------------------------------------------------------------------
     # freeing pages
@@ -499,6 +472,11 @@ class TransferEngine:
 
     def free_device(self, pages: PageSet) -> None:
         """Return device pages to their allocator; raises PinnedPageError for pinned pages."""
+        if self._framework_device:
+            raise ConfigError(
+                f"engine {self._name!r} does not own device pages (device_ownership="
+                f"'framework'): the framework's allocator frees them"
+            )
         self._sweep_if_open()
         dp = self._pages(pages, "device", self._device_slots, allocated=False)
         self._device_pins.check_unpinned(dp, action="free")
@@ -551,256 +529,10 @@ class TransferEngine:
             "exposed_wait_ms": round(s.exposed_wait_s * 1e3, 3),
         }
 
-    def _note_wait(self, seconds: float) -> None:
+    def note_wait(self, seconds: float) -> None:
         with self._wait_lock:
             self._waited_s += seconds
             self._counts["layer_waits"] += 1
-
-    # ---------------------------------------------------------------------------------------
-    # waiting and finishing (event loop side)
-    # ---------------------------------------------------------------------------------------
-    async def _reap(self) -> None:
-        """Settle finished operations promptly, so pins drop even if nobody waits."""
-        scope = self._reaper_scope
-        if scope is None:  # pragma: no cover - made before the reaper starts
-            return
-        with scope:
-            delay = 0.0
-            while True:
-                if not self._running:
-                    wakeup = self._wakeup = anyio.Event()
-                    await wakeup.wait()
-                    delay = 0.0
-                    continue
-                if self._sweep():
-                    delay = 0.0
-                else:
-                    delay = POLL_MIN_S if delay == 0.0 else min(delay * 2, POLL_MAX_S)
-                await anyio.sleep(delay)
-
-    def _sweep(self) -> bool:
-        """Settle every operation and batch that finished; True if anything did."""
-        progressed = False
-        for batch in list(self._running):
-            for op in batch.ops:
-                if op.state is OperationState.RUNNING and not op.cancelling and batch.op_done(op):
-                    self._settle(op)
-                    progressed = True
-            if (
-                not batch.sealed
-                and batch.kind is OpKind.LAYERWISE_BACKUP
-                and all(op.state.finished for op in batch.ops)
-            ):
-                with batch.lock:
-                    batch.sealed = True
-            if batch.done() and not any(op.cancelling for op in batch.ops):
-                self._finish_batch(batch)
-                progressed = True
-        return progressed
-
-    async def _wait_op(self, op: Op) -> None:
-        if op.state is OperationState.QUEUED and self._life is _Life.OPEN:
-            self.submit()
-
-        def finished() -> bool:
-            return op.state.finished or self._settle_if_done(op)
-
-        await wait_until(finished)
-
-    def _settle_if_done(self, op: Op) -> bool:
-        """Settle ``op`` (and its batch, if that ended too) once its steps finished."""
-        batch = op.batch
-        if op.state is not OperationState.RUNNING or batch is None or op.cancelling:
-            return False
-        if not batch.op_done(op):
-            return False
-        self._settle(op)
-        if batch.done() and not any(o.cancelling for o in batch.ops):
-            self._finish_batch(batch)  # totals and the batch's log event, now
-        return True
-
-    async def _wait_step(self, op: Op, step: int) -> None:
-        if op.state is OperationState.QUEUED and self._life is _Life.OPEN:
-            self.submit()
-
-        def ready() -> bool:
-            if op.state.finished:
-                return True
-            batch = op.batch
-            if batch is None:
-                return False
-            if batch.finished:
-                return True
-            if op.failed_step is not None and op.failed_step <= step:
-                # It will raise: settle first, so that its slots and pins are back by then.
-                return self._settle_if_done(op)
-            return batch.step_state[step] == 2 and batch.events[step].query()
-
-        await wait_until(ready)
-
-    def _settle(self, op: Op) -> None:
-        """An operation's steps all finished: record the outcome, drop pins, free on failure."""
-        if op.state is not OperationState.RUNNING or op.cancelling:
-            return
-        failed = op.failed_step is not None
-        op.state = OperationState.FAILED if failed else OperationState.DONE
-        op.t_finished = time.perf_counter()
-        self._forget(op)
-        self._release(op, free=failed)
-        kind = "loads" if op.kind is OpKind.LOAD else "backups"
-        self._counts[f"{kind}_failed" if failed else kind] += 1
-        if failed:
-            log.warning(
-                f"{op.kind.value}_failed",
-                engine=self._name,
-                op=op.id,
-                step=op.failed_step,
-                error=repr(op.error),
-            )
-
-    def _finish_batch(self, batch: Batch) -> None:
-        if batch.finished:
-            return
-        for op in batch.ops:
-            if op.state is OperationState.RUNNING and not op.cancelling:
-                self._settle(op)
-        batch.finished = True
-        self._running.remove(batch)
-        copy_s = batch.copy_s()
-        moved = batch.moved()
-        if batch.kind is OpKind.LOAD:
-            self._load_copy_s += copy_s
-            self._counts["bytes_loaded"] += moved
-        else:
-            self._backup_copy_s += copy_s
-            self._counts["bytes_backed_up"] += moved
-        for op in batch.ops:
-            op.final_copy_s = op.copy_s()  # before the events serve another submission
-        if all(batch.step_state[i] == 2 for i in range(batch.steps)):
-            self._event_sets.release(batch.events)
-        outcome = {s.value: 0 for s in OperationState if s.finished}
-        for op in batch.ops:
-            outcome[op.state.value] = outcome.get(op.state.value, 0) + 1
-        wall = time.perf_counter() - batch.t_submitted
-        log.info(
-            f"{batch.kind.value}_batch",
-            engine=self._name,
-            batch=batch.id,
-            ops=len(batch.ops),
-            pages=sum(op.pages for op in batch.ops),
-            steps=batch.submitted,
-            bytes=moved,
-            copy_ms=round(copy_s * 1e3, 3),
-            wall_ms=round(wall * 1e3, 3),
-            gbps=round(moved / copy_s / 1e9, 3) if copy_s > 0 else 0.0,
-            **outcome,
-        )
-        if batch.kind is OpKind.BACKUP:
-            return
-        for step in range(batch.steps):
-            if batch.step_state[step] != 2 or not batch.step_moved[step]:
-                continue
-            elapsed = batch.events[step].elapsed_s()
-            log.debug(
-                f"{batch.kind.value}_layer",
-                engine=self._name,
-                batch=batch.id,
-                layer=step,
-                bytes=batch.step_moved[step],
-                copy_us=round(elapsed * 1e6, 1) if elapsed is not None else None,
-            )
-
-    # ---------------------------------------------------------------------------------------
-    # cancellation
-    # ---------------------------------------------------------------------------------------
-    async def _abort(self, op: Op) -> None:
-        """Give an operation up (its last handle left): stop, wait in-flight copies, release."""
-        with anyio.CancelScope(shield=True):
-            if op.state is OperationState.QUEUED:
-                self._abort_queued(op)
-                await anyio.lowlevel.checkpoint()
-                return
-            if op.state is not OperationState.RUNNING:
-                await anyio.lowlevel.checkpoint()
-                return
-            if op.cancelling:  # another task is aborting it: wait for that to finish
-                await wait_until(lambda: op.state.finished)
-                return
-            batch = op.batch
-            if batch is None:  # pragma: no cover - a running op always has its batch
-                return
-            op.cancelling = True
-            self._forget(op)
-            with batch.lock:
-                op.stopped = True
-                in_flight = len(op.included)
-            await wait_until(lambda: batch.included_done(op))
-            failed = op.failed_step is not None
-            op.state = OperationState.FAILED if failed else OperationState.CANCELLED
-            op.t_finished = time.perf_counter()
-            op.cancelling = False
-            self._release(op, free=True)
-            kind = "loads" if op.kind is OpKind.LOAD else "backups"
-            self._counts[f"{kind}_failed" if failed else f"{kind}_cancelled"] += 1
-            log.info(
-                f"{op.kind.value}_cancelled",
-                engine=self._name,
-                op=op.id,
-                steps_copied=in_flight,
-                steps=len(op.step_ids),
-            )
-            self._sweep()
-
-    def _abort_queued(self, op: Op) -> None:
-        self._queued.remove(op)
-        self._forget(op)
-        op.state = OperationState.CANCELLED
-        op.t_finished = time.perf_counter()
-        self._release(op, free=True)
-        kind = "loads" if op.kind is OpKind.LOAD else "backups"
-        self._counts[f"{kind}_cancelled"] += 1
-        log.info(f"{op.kind.value}_cancelled", engine=self._name, op=op.id, steps_copied=0)
-
-    def _forget(self, op: Op) -> None:
-        if op.key is not None and self._inflight.get(op.key) is op:
-            del self._inflight[op.key]
-
-    def _release(self, op: Op, *, free: bool) -> None:
-        """Drop the operation's pins; with ``free``, return the pages it allocated."""
-        host_tables = [self._host_pins]
-        device_tables = [self._device_pins]
-        if op.kind is OpKind.LOAD:
-            device_tables.append(self._device_writes)
-        else:
-            host_tables.append(self._host_writes)
-        try:
-            for table in host_tables:
-                table.unpin(op.host)
-            for table in device_tables:
-                table.unpin(op.device)
-        finally:
-            if free and op.allocated_device:
-                self._device_slots.free(op.device)
-            if free and op.allocated_host:
-                self._host_slots.free(op.host)
-
-    def _failure(self, op: Op) -> TransferError:
-        """The TransferError, with context, for an operation that failed."""
-        step = op.failed_step
-        where = (
-            "all layers" if op.kind is OpKind.BACKUP else f"transfer layer {step} of {self._layers}"
-        )
-        batch = op.batch
-        merged = (
-            f", merged with {len(batch.ops) - 1} other(s)" if batch and len(batch.ops) > 1 else ""
-        )
-        cause = op.error
-        err = TransferError(
-            f"{op.describe()} failed at {where} on {self._streams.device}{merged}: "
-            f"{type(cause).__name__}: {cause}"
-        )
-        err.__cause__ = cause
-        return err
 
     # ---------------------------------------------------------------------------------------
     # input checks and page maps
@@ -809,68 +541,23 @@ class TransferEngine:
         self, pages: PageSet, side: str, slots: GroupAllocator, *, allocated: bool = True
     ) -> PageDict:
         """Normalise a page set: slot-owning pools of this plan, valid ids, allocated pages."""
-        raw: Mapping[Any, Sequence[int]]
-        raw = pages.pages if isinstance(pages, GroupAllocation) else pages
-        if not isinstance(raw, Mapping):
-            raise ConfigError(
-                f"{side} pages must be a mapping of pool name to page ids, got {type(raw).__name__}"
-            )
-        out: PageDict = {}
-        for key, ids in raw.items():
-            pool = PoolName.parse(key)
-            if pool in self._sidecars:
-                raise ConfigError(
-                    f"pool {pool.value!r} is a sidecar: it follows the anchor's pages; give "
-                    f"pages for {self._anchor.value!r} instead"
-                )
-            if pool not in self._owners:
-                raise ConfigError(
-                    f"pool {pool.value!r} is not in this group: expected pages for "
-                    f"{[p.value for p in self._owners]}"
-                )
-            if pool in out:
-                raise ConfigError(f"pool {pool.value!r} is named twice in the {side} pages")
-            allocator = slots.allocator(pool)
-            out[pool] = self._check_ids(ids, pool, side, allocator, allocated=allocated)
-        if not any(out.values()):
-            raise ConfigError(f"no {side} pages given: expected at least one page")
-        return {p: out[p] for p in self._owners if out.get(p)}
+        return normalise_pages(
+            pages,
+            side,
+            slots,
+            owners=self._owners,
+            sidecars=self._sidecars,
+            anchor=self._anchor,
+            allocated=allocated,
+        )
 
-    @staticmethod
-    def _check_ids(
-        ids: Iterable[int], pool: PoolName, side: str, allocator: PageAllocator, *, allocated: bool
-    ) -> tuple[int, ...]:
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-            raise ConfigError(
-                f"{side} pages of pool {pool.value!r} must be a sequence of ints, got {ids!r}"
-            )
-        out = tuple(ids)
-        seen: set[int] = set()
-        for page in out:
-            if type(page) is not int or not 0 <= page < allocator.pages:
-                raise ForeignIndexError(
-                    f"{side} page {page!r} does not belong to pool {pool.value!r} "
-                    f"(ids 0..{allocator.pages - 1})"
-                )
-            if page in seen:
-                raise ConfigError(f"{side} page {page} of pool {pool.value!r} is listed twice")
-            seen.add(page)
-            if allocated and allocator.is_free(page):
-                raise SlotError(
-                    f"{side} page {page} of pool {pool.value!r} is free: allocate it before "
-                    f"a transfer uses it"
-                )
-        return out
+    def _device_pages(self, pages: PageSet) -> PageDict:
+        """Device pages: allocated in the engine's allocator, or any in range if the framework's."""
+        return self._pages(
+            pages, "device", self._device_slots, allocated=not self._framework_device
+        )
 
-    @staticmethod
-    def _check_pairing(a: PageDict, b: PageDict) -> None:
-        for pool in a.keys() | b.keys():
-            na, nb = len(a.get(pool, ())), len(b.get(pool, ()))
-            if na != nb:
-                raise ConfigError(
-                    f"pool {pool.value!r}: {na} pages on one side paired with {nb} on the other; "
-                    f"host and device pages pair 1:1"
-                )
+    _check_pairing = staticmethod(check_pairing)
 
     def _new_op(
         self,

@@ -18,23 +18,44 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 
 from hicache.domain.errors import ConfigError, EngineClosedError, TransferError
-from hicache.domain.pools import PoolName
-from hicache.engine._ops import Op, OpKind, wait_until
+from hicache.domain.pools import HostGroupPlan, PoolName
+from hicache.engine._ops import Batch, Op, OpKind, wait_until
 from hicache.engine.stats import OperationState, OperationStatistics
 
-if TYPE_CHECKING:
-    from hicache.engine.engine import TransferEngine
+
+class OperationOwner(Protocol):
+    """The engine's internal interface that handles use (and nothing private of it)."""
+
+    @property
+    def transfer_layers(self) -> int: ...
+
+    @property
+    def plan(self) -> HostGroupPlan: ...
+
+    async def wait_operation(self, op: Op) -> None: ...
+
+    async def wait_step(self, op: Op, step: int) -> None: ...
+
+    async def abort_operation(self, op: Op) -> None: ...
+
+    def drop_handle(self, op: Op) -> int: ...
+
+    def submit_layer(self, batch: Batch, layer: int, after: object | None = None) -> None: ...
+
+    def note_wait(self, seconds: float) -> None: ...
+
+    def failure_of(self, op: Op) -> TransferError: ...
 
 
 class _Handle:
     """What every handle shares: identity, state, waiting, cancelling, statistics."""
 
-    def __init__(self, engine: TransferEngine, op: Op, *, joined: bool = False) -> None:
+    def __init__(self, engine: OperationOwner, op: Op, *, joined: bool = False) -> None:
         self._engine = engine
         self._op = op
         self._joined = joined
@@ -44,6 +65,11 @@ class _Handle:
         self._waits = 0
 
     # -- identity ------------------------------------------------------------------------------
+    @property
+    def operation(self) -> Op:
+        """The engine's record of the operation (internal: shared by joined handles)."""
+        return self._op
+
     @property
     def id(self) -> int:
         """The operation's id (handles that share one load share it)."""
@@ -87,7 +113,7 @@ class _Handle:
         """
         start = time.perf_counter()
         try:
-            await self._engine._wait_op(self._op)
+            await self._engine.wait_operation(self._op)
         except BaseException:
             await self._cancel_shielded()
             raise
@@ -109,9 +135,8 @@ class _Handle:
         self._detached = True
         if op.state is not OperationState.DONE:
             self._cancelled = True
-        op.refs -= 1
-        if op.refs == 0:
-            await self._engine._abort(op)
+        if self._engine.drop_handle(op) == 0:
+            await self._engine.abort_operation(op)
         else:
             await anyio.lowlevel.checkpoint()
 
@@ -135,11 +160,22 @@ class _Handle:
         )
 
     # -- helpers -------------------------------------------------------------------------------
+    def _transfer_layer(self, model_layer: int) -> int:
+        """The transfer layer of ``model_layer`` (the forward pass's numbering)."""
+        plan = self._engine.plan
+        layer = plan.transfer_layer_of(model_layer)
+        if layer is None:
+            raise ConfigError(
+                f"model layer {model_layer!r} holds no cache in this group: the cached model "
+                f"layers are {list(plan.cached_model_layers)}"
+            )
+        return layer
+
     def _note_wait(self, seconds: float) -> None:
         self._waited_s += seconds
         self._waits += 1
         if self._op.kind is OpKind.LOAD:  # exposed time is what a forward pass waits for
-            self._engine._note_wait(seconds)
+            self._engine.note_wait(seconds)
 
     def _raise_if_unusable(self, layer: int | None) -> None:
         """Raise the error that explains why (this layer of) the operation is not there."""
@@ -151,7 +187,7 @@ class _Handle:
             )
         failed = op.failed_step
         if failed is not None and (layer is None or op.kind is OpKind.BACKUP or failed <= layer):
-            raise self._engine._failure(op)
+            raise self._engine.failure_of(op)
         if op.state is OperationState.CANCELLED:
             if op.closed_by_engine and op.batch is None:
                 raise EngineClosedError(
@@ -225,10 +261,19 @@ class LoadHandle(_Handle):
             self._note_wait(0.0)
         else:
             start = time.perf_counter()
-            batch.events[layer].wait_current()
+            batch.wait_step(layer)
             self._note_wait(time.perf_counter() - start)
         if op.failed_step is not None:
             self._raise_if_unusable(layer)
+
+    def wait_model_layer(self, model_layer: int) -> None:
+        """``wait_layer`` by model layer id (``plan.transfer_layer_of``); ConfigError if the
+        model layer holds no cache in this group."""
+        self.wait_layer(self._transfer_layer(model_layer))
+
+    async def wait_model_layer_ready(self, model_layer: int) -> None:
+        """``wait_layer_ready`` by model layer id."""
+        await self.wait_layer_ready(self._transfer_layer(model_layer))
 
     async def wait_layer_ready(self, layer: int) -> None:
         """Wait (without blocking the event loop) until layer ``layer`` is in place.
@@ -241,7 +286,7 @@ class LoadHandle(_Handle):
             )
         start = time.perf_counter()
         try:
-            await self._engine._wait_step(self._op, layer)
+            await self._engine.wait_step(self._op, layer)
         except BaseException:
             await self._cancel_shielded()
             raise
@@ -263,8 +308,12 @@ class BackupHandle(_Handle):
 class LayerwiseBackupHandle(BackupHandle):
     """A backup during prefill: layer i is copied right after its compute."""
 
-    def layer_computed(self, layer: int) -> None:
+    def layer_computed(self, layer: int, *, after: object | None = None) -> None:
         """Compute wrote layer ``layer``: submit its copy (after the compute, on the copy stream).
+
+        ``after``: the ordering point for this layer (a stream or an event recorded after the
+        layer's compute; CpuFence on the CPU); default: the backup's own, or the calling
+        thread's current compute stream.
 
         Every backup merged into the same submission is copied by the first call for a layer;
         later calls for that layer do nothing. Never blocks.
@@ -276,7 +325,11 @@ class LayerwiseBackupHandle(BackupHandle):
         op = self._op
         if op.batch is None or self._cancelled or op.state is OperationState.CANCELLED:
             raise self._unavailable(layer)
-        self._engine._submit_layer(op.batch, layer)
+        self._engine.submit_layer(op.batch, layer, after)
+
+    def model_layer_computed(self, model_layer: int, *, after: object | None = None) -> None:
+        """``layer_computed`` by model layer id (``plan.transfer_layer_of``)."""
+        self.layer_computed(self._transfer_layer(model_layer), after=after)
 
     async def __aenter__(self) -> LayerwiseBackupHandle:
         return self

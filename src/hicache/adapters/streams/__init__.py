@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hicache.adapters.devices import parse_device_name
-from hicache.adapters.streams.cpu import CpuEvent, CpuStreams
+from hicache.adapters.streams.cpu import CpuEvent, CpuFence, CpuStreams
 from hicache.domain.ports import Streams
 
 if TYPE_CHECKING:
@@ -130,6 +130,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CpuEvent",
+    "CpuFence",
     "CpuStreams",
     "CudaEvent",
     "CudaStreams",

@@ -5,6 +5,8 @@
   ``synchronize``.
 - CpuStreams: the Streams port on the CPU; ``submit`` appends to the direction's queue and
   returns at once, the worker runs the work in submission order.
+- CpuFence: an ordering point for CPU streams: the forward pass ``signal()``s it once compute
+  wrote the pages; copies ordered ``after`` it wait on the copy worker, not on the caller.
 
 Measured on the 2-core development machines (MEASUREMENTS.md in the design notes): a thread
 hop costs about 100 us and waking a blocked thread 17-25 us, while checking a finished layer
@@ -77,6 +79,27 @@ class CpuEvent:
             state = f"failed ({type(self._exc).__name__})"
         where = f" on {self._stream}" if self._stream else ""
         return f"<CpuEvent{where}: {state}>"
+
+
+class CpuFence:
+    """An ordering point on the CPU: ``signal()`` from the compute side, ``wait()`` on the copy side."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def signal(self) -> None:
+        self._event.set()
+
+    def is_signalled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<CpuFence: {'signalled' if self._event.is_set() else 'pending'}>"
 
 
 class _Worker:
@@ -181,10 +204,26 @@ class CpuStreams:
         self._workers[direction].put(work, ev)
         return ev
 
-    def after_compute(self, direction: Direction) -> None:
-        """Nothing to order: CPU compute has finished by the time its caller gets here."""
+    def after_compute(self, direction: Direction, after: object | None = None) -> None:
+        """Order the direction's next work after ``after`` (an object with ``wait()``).
+
+        Without ``after`` there is nothing to order: CPU compute has finished by the time its
+        caller gets here. With one, the copy worker waits on it before the work submitted next
+        (the caller does not block).
+        """
         if direction not in self._workers:  # pragma: no cover - Direction is closed
             raise TransferError(f"unknown direction {direction!r}")
+        if after is None:
+            return
+        wait = getattr(after, "wait", None)
+        if not callable(wait):
+            raise TransferError(
+                f"ordering point {after!r} cannot order CPU streams: expected an object with "
+                f"wait() (a CpuFence or threading.Event)"
+            )
+        if self._closed:
+            raise EngineClosedError(f"{self!r} is closed: cannot order {direction.value} work")
+        self._workers[direction].put(wait, CpuEvent())
 
     def pending(self, direction: Direction) -> int:
         """Work items queued or running on the direction's stream."""

@@ -141,9 +141,26 @@ class CudaStreams:
         self._submitted[direction] += 1
         return ev
 
-    def after_compute(self, direction: Direction) -> None:
-        """The direction's stream waits (on the GPU) for what compute has issued so far."""
-        self._streams[direction].wait_stream(torch.cuda.current_stream(self._device))
+    def after_compute(self, direction: Direction, after: object | None = None) -> None:
+        """The direction's stream waits (on the GPU) for compute; the CPU goes on.
+
+        ``after=None``: what the calling thread's current stream has issued so far. A
+        ``torch.cuda.Stream``: what that stream has issued so far (an overlap scheduler's
+        forward stream, whatever thread calls). A ``torch.cuda.Event``: the work the framework
+        recorded it after.
+        """
+        copy = self._streams[direction]
+        if after is None:
+            copy.wait_stream(torch.cuda.current_stream(self._device))
+        elif isinstance(after, torch.cuda.Event):
+            copy.wait_event(after)
+        elif isinstance(after, torch.cuda.Stream):
+            copy.wait_stream(after)
+        else:
+            raise TransferError(
+                f"ordering point {after!r} cannot order CUDA streams: expected a "
+                f"torch.cuda.Stream or torch.cuda.Event"
+            )
 
     def close(self) -> None:
         """Wait for both copy streams to drain; idempotent."""
