@@ -1,4 +1,4 @@
-"""The examples in docs/integration.md and the README's quick start run as written."""
+"""The examples in docs/integration.md, docs/operations.md and README.md run as written."""
 
 from __future__ import annotations
 
@@ -48,3 +48,23 @@ def test_the_readme_quick_start_runs() -> None:
     assert blocks, "README.md lost its quick start"
     ns = _run(readme, blocks[0])
     assert ns["restored"] is True
+
+
+def test_the_logging_set_up_in_operations_prints_json_lines_at_info() -> None:
+    import json
+    import subprocess
+    import sys
+
+    doc = ROOT / "docs" / "operations.md"
+    blocks = _python_blocks(doc)
+    assert len(blocks) == 1, "docs/operations.md lost its logging example"
+    code = (
+        blocks[0]
+        + "structlog.get_logger('hicache.engine').debug('hidden', engine='e')\n"
+        + "structlog.get_logger('hicache.engine').info('engine_opened', engine='e')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(e["event"], e["level"]) for e in lines] == [("engine_opened", "info")]
