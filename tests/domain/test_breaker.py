@@ -65,6 +65,19 @@ def test_a_failed_probe_opens_again_for_a_fresh_cooldown() -> None:
     assert b.snapshot().trips == 2
 
 
+def test_an_abandoned_probe_lets_the_next_call_probe() -> None:
+    b = Breaker(threshold=1, cooldown_s=1.0)
+    b.record(False, 0)
+    assert b.allow(1)
+    assert not b.allow(1)
+    b.abandon()  # the probe was cancelled before it reached the store
+    assert b.allow(1)
+    assert b.state is BreakerState.HALF_OPEN
+    closed = Breaker()
+    closed.abandon()
+    assert closed.allow(0)
+
+
 def test_a_straggling_failure_while_open_keeps_the_cooldown_start() -> None:
     b = Breaker(threshold=1, cooldown_s=5.0)
     b.record(False, 0)

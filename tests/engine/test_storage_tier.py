@@ -293,6 +293,33 @@ async def test_the_breaker_opens_after_n_failed_calls_and_closes_after_the_coold
 
 
 @pytest.mark.asyncio
+async def test_a_probe_cancelled_before_it_ran_does_not_keep_the_breaker_half_open() -> None:
+    store = FakeStore()
+    keys = await stored(store, 1)
+    clock = Clock()
+    t = tier(store, clock=clock, max_concurrency=1, breaker_threshold=1, breaker_cooldown_s=5.0)
+    store.fail("get", StoreStatus.TRANSIENT, times=2)
+    assert await t.read(keys, same([0]), deadline=None) == [False]
+    assert t.breaker_state is BreakerState.OPEN
+    clock.offset += 5.0
+    release = anyio.Event()
+
+    async def hold() -> None:  # another call holds the only worker slot
+        async with t._limiter:
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold)
+        await anyio.sleep(0.01)
+        with anyio.move_on_after(0.05):
+            await t.read(keys, same([0]), deadline=None)  # the probe waits for the slot
+        release.set()
+    assert t.breaker_state is BreakerState.HALF_OPEN
+    assert await t.read(keys, same([0]), deadline=None) == [True]  # the next call probes
+    assert t.breaker_state is BreakerState.CLOSED
+
+
+@pytest.mark.asyncio
 async def test_a_fatal_answer_and_a_raising_store_are_failures_never_exceptions() -> None:
     store = FakeStore()
     keys = await stored(store, 2)

@@ -3,7 +3,8 @@
 - BreakerState: CLOSED (calls go through), OPEN (refused until the cool-down passed), HALF_OPEN
   (one probe call is let through).
 - BreakerSnapshot: a frozen view (state, consecutive failures, when it opened, trips so far).
-- Breaker: ``allow(now)`` asks before a store call, ``record(ok, now)`` reports its outcome.
+- Breaker: ``allow(now)`` asks before a store call, ``record(ok, now)`` reports its outcome,
+  ``abandon()`` reports a call that never ran (so a half-open breaker does not wait forever).
 
 CLOSED -> OPEN after ``threshold`` consecutive failed calls; OPEN refuses until ``cooldown_s``
 seconds after it opened, then HALF_OPEN lets exactly one probe through (further calls are
@@ -104,6 +105,12 @@ class Breaker:
             self._opened_at = now
             self._probing = False
             self._trips += 1
+
+    def abandon(self) -> None:
+        """A call that ``allow`` let through ended without an outcome (cancelled before it ran):
+        a half-open breaker lets the next call probe instead."""
+        if self._state is BreakerState.HALF_OPEN:
+            self._probing = False
 
     def snapshot(self) -> BreakerSnapshot:
         return BreakerSnapshot(self._state, self._failures, self._opened_at, self._trips)

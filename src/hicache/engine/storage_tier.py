@@ -173,6 +173,9 @@ class StorageTier:
             self._breaker.record(False, self._clock())
             log.warning("store call raised", store=self.store.name, op=op, error=repr(exc))
             return None
+        except BaseException:  # cancelled while waiting for the limiter: the call never ran
+            self._breaker.abandon()
+            raise
         self._store_seconds += time.perf_counter() - start
         return result
 
