@@ -15,13 +15,13 @@ anonymous. An unknown backend or allocator name is a ConfigError that names it.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from hicache.domain.errors import ConfigError
+from hicache.domain.limits import check_tree, parse_json
 
 ANONYMOUS = "anonymous"
 SHM = "shm"
@@ -104,7 +104,13 @@ def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, Mapping):
+        check_tree(value, "extra config")
         return dict(value)
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"extra config must be a JSON string, a mapping or None, got {type(value).__name__}; "
+            f"a file path goes through hicache.bootstrap.load_extra_config"
+        )
     text = value.strip()
     if not text:
         return {}
@@ -112,15 +118,11 @@ def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
         raise ConfigError(
             f"extra config {value!r} names a file; read it with hicache.bootstrap.load_extra_config"
         )
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"extra config is not valid JSON ({e.msg} at {e.pos}): {value!r}"
-        ) from None
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    parsed = parse_json(text, f"extra config {shown!r}")
     if not isinstance(parsed, dict):
         raise ConfigError(
-            f"extra config must be a JSON object, got {type(parsed).__name__}: {value!r}"
+            f"extra config must be a JSON object, got {type(parsed).__name__}: {shown!r}"
         )
     return parsed
 
@@ -133,6 +135,8 @@ class StorageSettings:
     extra_config: Mapping[str, Any] = attrs.field(factory=dict, converter=parse_extra_config)
 
     def __attrs_post_init__(self) -> None:
+        if self.backend is not None and not isinstance(self.backend, str):
+            raise ConfigError(f"storage backend must be a name or None, got {self.backend!r}")
         if self.backend is not None and self.backend not in KNOWN_BACKENDS:
             raise ConfigError(
                 f"unknown storage backend {self.backend!r}: expected one of "

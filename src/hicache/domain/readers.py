@@ -16,6 +16,14 @@ import attrs
 
 from hicache.domain.dtypes import DType
 from hicache.domain.errors import ConfigError, UnsupportedModelError
+from hicache.domain.limits import (
+    MAX_LAYERS,
+    MAX_UNITS,
+    bounded_int,
+    config_flag,
+    config_int,
+    optional_config_int,
+)
 from hicache.domain.models import (
     AttentionSpec,
     GatedDeltaNetSpec,
@@ -46,20 +54,57 @@ def unwrap_text_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _int(config: Mapping[str, Any], key: str) -> int:
-    value = config[key]
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
-    return value
+    """A positive integer (no bool, float or numeric string; 0 is refused, not defaulted).
+    A missing key raises KeyError, which read_hf_config words with the model type."""
+    if key not in config:
+        raise KeyError(key)
+    return config_int(config, key)
+
+
+def _opt(config: Mapping[str, Any], *keys: str) -> int | None:
+    """The first of ``keys`` that is present and not null, as a positive integer; else None."""
+    for key in keys:
+        value = optional_config_int(config, key)
+        if value is not None:
+            return value
+    return None
+
+
+def _layers(config: Mapping[str, Any]) -> int:
+    if "num_hidden_layers" not in config:
+        raise KeyError("num_hidden_layers")
+    return config_int(config, "num_hidden_layers", maximum=MAX_LAYERS)
+
+
+def _window(config: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = optional_config_int(config, key, maximum=MAX_UNITS)
+        if value is not None:
+            return value
+    return None
+
+
+def _ids(value: object, what: str, low: int, high: int) -> list[int]:
+    """A list of layer ids in [low, high] (bools and floats refused)."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{what} must be a list of layer ids, got {value!r}")
+    return [bounded_int(i, f"{what} entry", minimum=low, maximum=high) for i in value]
 
 
 def _dtype(config: Mapping[str, Any]) -> DType:
-    value = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    return DType.parse(str(value))
+    value = config.get("torch_dtype")
+    if value is None:
+        value = config.get("dtype")
+    if value is None:
+        return DType.BF16
+    if not isinstance(value, str):
+        raise ConfigError(f"config key 'torch_dtype' must be a dtype name, got {value!r}")
+    return DType.parse(value)
 
 
 def _head_dim(config: Mapping[str, Any]) -> int:
-    hd = config.get("head_dim")
-    if isinstance(hd, int) and hd > 0:
+    hd = _opt(config, "head_dim")
+    if hd is not None:
         return hd
     heads = _int(config, "num_attention_heads")
     hidden = _int(config, "hidden_size")
@@ -69,8 +114,8 @@ def _head_dim(config: Mapping[str, Any]) -> int:
 
 
 def _attention(config: Mapping[str, Any]) -> AttentionSpec:
-    kv = config.get("num_key_value_heads") or _int(config, "num_attention_heads")
-    return AttentionSpec(kv_heads=int(kv), head_dim=_head_dim(config))
+    kv = _opt(config, "num_key_value_heads") or _int(config, "num_attention_heads")
+    return AttentionSpec(kv_heads=kv, head_dim=_head_dim(config))
 
 
 def _layer_types(config: Mapping[str, Any], n: int) -> tuple[LayerKind, ...] | None:
@@ -86,6 +131,8 @@ def _layer_types(config: Mapping[str, Any], n: int) -> tuple[LayerKind, ...] | N
     }
     out = []
     for t in types[:n]:
+        if not isinstance(t, str):
+            raise ConfigError(f"layer_types entries must be strings, got {t!r}")
         if t not in table:
             raise ConfigError(f"unknown layer type {t!r} in layer_types: expected {sorted(table)}")
         out.append(table[t])
@@ -93,11 +140,11 @@ def _layer_types(config: Mapping[str, Any], n: int) -> tuple[LayerKind, ...] | N
 
 
 def _dense(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     kinds = _layer_types(config, n)
-    window = config.get("sliding_window")
+    window = _window(config, "sliding_window")
     if kinds is not None and LayerKind.SLIDING_ATTENTION in kinds:
-        if not isinstance(window, int):
+        if window is None:
             raise ConfigError("layer_types names sliding layers but sliding_window is not set")
     else:
         kinds = (LayerKind.FULL_ATTENTION,) * n
@@ -119,7 +166,7 @@ def _mla(config: Mapping[str, Any]) -> MLASpec:
 
 def _deepseek(config: Mapping[str, Any]) -> ModelSpec:
     # MTP / next-n layers sit after num_hidden_layers and get no pool layer.
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=(LayerKind.FULL_ATTENTION,) * n,
@@ -141,11 +188,11 @@ def _deepseek_v32(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _sliding(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     kinds = _layer_types(config, n)
     if kinds is None:
-        pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
-        if not isinstance(pattern, int) or pattern <= 0:
+        pattern = _opt(config, "sliding_window_pattern", "_sliding_window_pattern")
+        if pattern is None:
             raise ConfigError(
                 f"{config['model_type']} config needs layer_types or sliding_window_pattern"
             )
@@ -157,7 +204,7 @@ def _sliding(config: Mapping[str, Any]) -> ModelSpec:
         model_type=str(config["model_type"]),
         layer_kinds=kinds,
         attention=_attention(config),
-        sliding_window=_int(config, "sliding_window"),
+        sliding_window=config_int(config, "sliding_window", maximum=MAX_UNITS),
         dtype=_dtype(config),
     )
 
@@ -190,7 +237,7 @@ def _gemma3(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _qwen3_next(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     kinds = _layer_types(config, n)
     if kinds is None:
         interval = _int(config, "full_attention_interval")
@@ -214,7 +261,7 @@ def _qwen3_next(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _nemotron_h(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     pattern = config["hybrid_override_pattern"]
     if not isinstance(pattern, str) or len(pattern) != n:
         raise ConfigError(
@@ -231,23 +278,23 @@ def _nemotron_h(config: Mapping[str, Any]) -> ModelSpec:
         raise ConfigError(
             f"hybrid_override_pattern has unknown layer symbols {bad}: expected M * - E"
         )
-    head_dim = config.get("attention_head_dim") or config.get("head_dim") or _head_dim(config)
-    heads = config.get("mamba_num_heads")
-    head = config.get("mamba_head_dim")
+    head_dim = _opt(config, "attention_head_dim", "head_dim") or _head_dim(config)
+    heads = _opt(config, "mamba_num_heads")
+    head = _opt(config, "mamba_head_dim")
     if heads is None or head is None:
         expand = _int(config, "expand")
-        head = int(head or 64)
+        head = head or 64  # transformers' NemotronHConfig default mamba_head_dim
         heads = expand * _int(config, "hidden_size") // head
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=tuple(table[c] for c in pattern),
         attention=AttentionSpec(
-            kv_heads=int(config.get("num_key_value_heads") or _int(config, "num_attention_heads")),
-            head_dim=int(head_dim),
+            kv_heads=_opt(config, "num_key_value_heads") or _int(config, "num_attention_heads"),
+            head_dim=head_dim,
         ),
         state=Mamba2Spec(
-            heads=int(heads),
-            head_dim=int(head),
+            heads=heads,
+            head_dim=head,
             state_size=_int(config, "ssm_state_size"),
             n_groups=_int(config, "n_groups"),
             conv_kernel=_int(config, "conv_kernel"),
@@ -262,14 +309,16 @@ def _qwen3_next_like(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _minimax_m3(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
-    sparse = config.get("sparse_attention_config") or {}
+    n = _layers(config)
+    sparse = config.get("sparse_attention_config")
+    if sparse is None:
+        sparse = {}
     if not isinstance(sparse, Mapping):
         raise ConfigError(f"sparse_attention_config must be a mapping, got {sparse!r}")
     dtype = _dtype(config)
     indexer = None
     indexer_layers = None
-    if sparse.get("use_sparse_attention"):
+    if config_flag(sparse, "use_sparse_attention"):
         indexer_layers = layer_subset(
             sparse["sparse_attention_freq"], n, "sparse_attention_config.sparse_attention_freq"
         )
@@ -286,14 +335,13 @@ def _minimax_m3(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _inkling(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
-    local = config.get("local_layer_ids") or []
-    if not isinstance(local, list) or any(not isinstance(i, int) or not 0 <= i < n for i in local):
-        raise ConfigError(f"local_layer_ids must list layer ids below {n}, got {local!r}")
+    n = _layers(config)
+    local_raw = config.get("local_layer_ids")
+    local = [] if local_raw is None else _ids(local_raw, "local_layer_ids", 0, n - 1)
     hd = _head_dim(config)
     kv = _int(config, "num_key_value_heads")
-    swa_kv = int(config.get("swa_num_key_value_heads") or kv)
-    swa_hd = int(config.get("swa_head_dim") or hd)
+    swa_kv = _opt(config, "swa_num_key_value_heads") or kv
+    swa_hd = _opt(config, "swa_head_dim") or hd
     local_set = set(local)
     kinds = tuple(
         LayerKind.SLIDING_ATTENTION if i in local_set else LayerKind.FULL_ATTENTION
@@ -302,7 +350,7 @@ def _inkling(config: Mapping[str, Any]) -> ModelSpec:
     has_local = bool(local_set)
     state = None
     state_layers = None
-    if config.get("use_sconv"):
+    if config_flag(config, "use_sconv"):
         state = ShortConvSpec(
             kv_heads=kv,
             head_dim=hd,
@@ -315,10 +363,12 @@ def _inkling(config: Mapping[str, Any]) -> ModelSpec:
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=kinds,
-        attention=AttentionSpec(kv_heads=kv, head_dim=hd, v_head_dim=config.get("v_head_dim")),
-        sliding_window=_int(config, "sliding_window_size") if has_local else None,
+        attention=AttentionSpec(kv_heads=kv, head_dim=hd, v_head_dim=_opt(config, "v_head_dim")),
+        sliding_window=config_int(config, "sliding_window_size", maximum=MAX_UNITS)
+        if has_local
+        else None,
         sliding_attention=AttentionSpec(
-            kv_heads=swa_kv, head_dim=swa_hd, v_head_dim=config.get("swa_v_head_dim")
+            kv_heads=swa_kv, head_dim=swa_hd, v_head_dim=_opt(config, "swa_v_head_dim")
         )
         if has_local
         else None,
@@ -329,16 +379,12 @@ def _inkling(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _kimi_linear(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     lin = config.get("linear_attn_config")
     if not isinstance(lin, Mapping):
         raise ConfigError(f"kimi_linear needs a linear_attn_config mapping, got {lin!r}")
-    kda = lin["kda_layers"]
     # Layer ids in kda_layers are 1-based (SGLang configs/kimi_linear.py is_kda_layer).
-    if not isinstance(kda, list) or any(not isinstance(i, int) or not 1 <= i <= n for i in kda):
-        raise ConfigError(
-            f"linear_attn_config.kda_layers must list 1-based ids in [1, {n}], got {kda!r}"
-        )
+    kda = _ids(lin["kda_layers"], f"linear_attn_config.kda_layers (1-based ids in [1, {n}])", 1, n)
     kda_set = {i - 1 for i in kda}
     kinds = tuple(
         LayerKind.LINEAR_ATTENTION if i in kda_set else LayerKind.FULL_ATTENTION for i in range(n)
@@ -356,14 +402,24 @@ def _kimi_linear(config: Mapping[str, Any]) -> ModelSpec:
     )
 
 
+def _mamba_head(config: Mapping[str, Any], intermediate: int, heads: int) -> int:
+    """mamba_d_head, or intermediate // heads when it is absent or "auto"."""
+    if config.get("mamba_d_head", "auto") in (None, "auto"):
+        if intermediate % heads:
+            raise ConfigError(
+                f"mamba intermediate size {intermediate} is not divisible by mamba_n_heads {heads}"
+            )
+        return intermediate // heads
+    return _int(config, "mamba_d_head")
+
+
 def _falcon_h1(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     hidden = _int(config, "hidden_size")
     heads = _int(config, "mamba_n_heads")
-    d_ssm = config.get("mamba_d_ssm")
-    intermediate = int(d_ssm) if d_ssm is not None else int(config.get("mamba_expand", 2)) * hidden
-    d_head = config.get("mamba_d_head", "auto")
-    head = intermediate // heads if d_head in (None, "auto") else int(d_head)
+    d_ssm = _opt(config, "mamba_d_ssm")
+    intermediate = d_ssm if d_ssm is not None else (_opt(config, "mamba_expand") or 2) * hidden
+    head = _mamba_head(config, intermediate, heads)
     # Attention and Mamba2 side by side in every layer (SGLang configs/falcon_h1.py).
     return ModelSpec(
         model_type=str(config["model_type"]),
@@ -383,16 +439,15 @@ def _falcon_h1(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _granite_hybrid(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     types = config["layer_types"]
     table = {"mamba": LayerKind.MAMBA, "attention": LayerKind.FULL_ATTENTION}
     if not isinstance(types, list) or len(types) < n or any(t not in table for t in types[:n]):
         raise ConfigError(f"layer_types must list {n} of 'mamba'/'attention', got {types!r}")
     hidden = _int(config, "hidden_size")
     heads = _int(config, "mamba_n_heads")
-    intermediate = int(config.get("mamba_expand", 2)) * hidden
-    d_head = config.get("mamba_d_head")
-    head = intermediate // heads if d_head in (None, "auto") else int(d_head)
+    intermediate = (_opt(config, "mamba_expand") or 2) * hidden
+    head = _mamba_head(config, intermediate, heads)
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=tuple(table[t] for t in types[:n]),
@@ -409,15 +464,15 @@ def _granite_hybrid(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _mimo_v2(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     pattern = layer_subset(config["hybrid_layer_pattern"], n, "hybrid_layer_pattern")
     swa = set(pattern)  # 1 = sliding window, 0 = full attention
     kinds = tuple(
         LayerKind.SLIDING_ATTENTION if i in swa else LayerKind.FULL_ATTENTION for i in range(n)
     )
     hd = _head_dim(config)
-    window = config.get("sliding_window") or config.get("sliding_window_size")
-    if swa and not isinstance(window, int):
+    window = _window(config, "sliding_window", "sliding_window_size")
+    if swa and window is None:
         raise ConfigError("hybrid_layer_pattern names sliding layers but sliding_window is not set")
     return ModelSpec(
         model_type=str(config["model_type"]),
@@ -425,13 +480,13 @@ def _mimo_v2(config: Mapping[str, Any]) -> ModelSpec:
         attention=AttentionSpec(
             kv_heads=_int(config, "num_key_value_heads"),
             head_dim=hd,
-            v_head_dim=config.get("v_head_dim"),
+            v_head_dim=_opt(config, "v_head_dim"),
         ),
         sliding_window=window if swa else None,
         sliding_attention=AttentionSpec(
             kv_heads=_int(config, "swa_num_key_value_heads"),
-            head_dim=int(config.get("swa_head_dim") or hd),
-            v_head_dim=config.get("swa_v_head_dim"),
+            head_dim=_opt(config, "swa_head_dim") or hd,
+            v_head_dim=_opt(config, "swa_v_head_dim"),
         )
         if swa
         else None,
@@ -487,6 +542,35 @@ _READERS: dict[str, Callable[[Mapping[str, Any]], ModelSpec]] = {
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_READERS))
 
+# Readers that derive layer kinds from layer_types themselves; every other reader derives them
+# from its own keys, and a layer_types list in such a config must then agree (_check_layer_types).
+_READS_LAYER_TYPES = frozenset({_dense, _sliding, _gemma3, _qwen3_next, _qwen3_next_like})
+_LAYER_TYPE_NAMES = {
+    "full_attention": LayerKind.FULL_ATTENTION,
+    "attention": LayerKind.FULL_ATTENTION,
+    "sliding_attention": LayerKind.SLIDING_ATTENTION,
+    "linear_attention": LayerKind.LINEAR_ATTENTION,
+    "mamba": LayerKind.MAMBA,
+}
+
+
+def _check_layer_types(spec: ModelSpec, config: Mapping[str, Any]) -> None:
+    """A layer_types list the reader did not use must say what the reader derived, layer by
+    layer; a config that contradicts itself is refused rather than half read."""
+    types = config.get("layer_types")
+    if types is None:
+        return
+    n = spec.num_layers
+    if not isinstance(types, list) or len(types) < n:
+        raise ConfigError(f"layer_types must list at least {n} layers, got {types!r}"[:300])
+    for i, (name, kind) in enumerate(zip(types[:n], spec.layer_kinds, strict=True)):
+        if not isinstance(name, str) or _LAYER_TYPE_NAMES.get(name) is not kind:
+            raise ConfigError(
+                f"{spec.model_type} config: layer_types[{i}] = {name!r} contradicts layer {i} "
+                f"being {kind.value} as read from the model's other keys; hicache reads "
+                f"{spec.model_type} layers from those keys, so remove or correct layer_types"
+            )
+
 
 def read_hf_config(config: Mapping[str, Any]) -> ModelSpec:
     """A ModelSpec from a HuggingFace config dict (its ``text_config`` when it has one)."""
@@ -500,10 +584,14 @@ def read_hf_config(config: Mapping[str, Any]) -> ModelSpec:
             f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     try:
-        return reader(unwrap_text_config(config))
+        text = unwrap_text_config(config)
+        spec = reader(text)
+        if reader not in _READS_LAYER_TYPES and reader is not _granite_hybrid:
+            _check_layer_types(spec, text)
+        return spec
     except KeyError as e:
         raise ConfigError(f"{model_type} config is missing key {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, ArithmeticError) as e:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{model_type} config has a malformed value: {e}") from None
