@@ -159,8 +159,9 @@ def _units(text: str, pool: str) -> int:
     try:
         return int(text)
     except ValueError:
+        shown = text if len(text) <= 40 else text[:37] + "..."
         raise ConfigError(
-            f"--capacity {pool}= expects a whole number of units, got {text!r}"
+            f"--capacity {pool}= expects a whole number of units, got {shown!r}"
         ) from None
 
 
@@ -247,8 +248,9 @@ def render_table(plan: HostGroupPlan) -> str:
 def run(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model)
     plan = plan_stack(spec, settings_from_args(args))
+    # --reserve is checked even without --host-available: a bad flag is never ignored.
+    reserve = parse_size(args.reserve) if args.reserve is not None else DEFAULT_RESERVE_BYTES
     if args.host_available is not None:
-        reserve = parse_size(args.reserve) if args.reserve is not None else DEFAULT_RESERVE_BYTES
         check_host_memory(
             plan.nbytes,
             parse_size(args.host_available),

@@ -28,7 +28,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import structlog
 
 from hicache.domain.errors import (
     ConfigError,
@@ -44,9 +43,10 @@ from hicache.domain.ports import Direction, PageMap, Streams, Transfer
 from hicache.domain.slots import GroupAllocation, GroupAllocator, PageAllocator
 from hicache.engine._ops import POLL_MAX_S, POLL_MIN_S, Batch, EventSets, Op, OpKind, wait_until
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
+from hicache.engine.logs import get_logger
 from hicache.engine.stats import EngineStatistics, OperationState
 
-log = structlog.get_logger("hicache.engine")
+log = get_logger("hicache.engine")  # structlog if the app configured it, else silent stdlib
 
 PageSet = Mapping[PoolName, Sequence[int]] | Mapping[str, Sequence[int]] | GroupAllocation
 PageDict = dict[PoolName, tuple[int, ...]]
