@@ -36,6 +36,8 @@ KNOWN_ALLOCATORS = frozenset({ANONYMOUS, SHM}) | {STORE_PREFIX + s for s in MEMO
 
 
 def _check_kind(_inst: object, _attr: object, value: str) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"a host memory kind must be a name, got {value!r}")
     if value in (ANONYMOUS, SHM):
         return
     if value.startswith(STORE_PREFIX) and value[len(STORE_PREFIX) :] in MEMORY_OWNING_STORES:
@@ -159,9 +161,20 @@ def _allocator_kind(name: object) -> MemoryKind:
 
 
 def resolve_host_memory(
-    storage: StorageSettings, pinned: bool | str | Pinning | None = None
+    storage: StorageSettings | str | None, pinned: bool | str | Pinning | None = None
 ) -> HostMemory:
-    """THE resolution point: storage settings -> the one host memory kind of a whole group."""
+    """THE resolution point: storage settings -> the one host memory kind of a whole group.
+
+    ``storage`` may also be a backend name ("shm", "mooncake"; taken as
+    StorageSettings(backend=name)) or None (no storage backend).
+    """
+    if storage is None or isinstance(storage, str):
+        storage = StorageSettings(backend=storage)
+    elif not isinstance(storage, StorageSettings):
+        raise ConfigError(
+            f"storage must be a StorageSettings, a backend name or None, got "
+            f"{type(storage).__name__}"
+        )
     backend = storage.backend
     if backend is None:
         kind = MemoryKind(ANONYMOUS)

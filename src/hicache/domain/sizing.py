@@ -166,6 +166,13 @@ def check_host_memory(
     ranks_on_host: int = 1,
 ) -> None:
     """Raise SizingError when ``ranks_on_host`` plans of ``plan_bytes`` do not fit the host."""
+    for name, value in (
+        ("plan_bytes", plan_bytes),
+        ("available_bytes", available_bytes),
+        ("reserve_bytes", reserve_bytes),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
     if not isinstance(ranks_on_host, int) or isinstance(ranks_on_host, bool) or ranks_on_host < 1:
         raise ConfigError(f"ranks_on_host must be at least 1, got {ranks_on_host}")
     usable = available_bytes - reserve_bytes
