@@ -283,7 +283,7 @@ def _settings(value: object) -> PlanSettings:
     if isinstance(value, PlanSettings):
         return value
     if isinstance(value, Mapping):
-        names = {a.alias for a in attrs.fields(PlanSettings) if a.init}
+        names = {str(a.alias) for a in attrs.fields(PlanSettings) if a.init}
         unknown = sorted(str(k) for k in value if k not in names)
         if unknown:
             raise ConfigError(f"unknown plan settings {unknown}: expected some of {sorted(names)}")
@@ -404,6 +404,12 @@ def plan_stack(
 def _size(drafts: list[_Draft], s: PlanSettings) -> dict[PoolName, int]:
     """Capacities in units (whole pages) for every draft; sidecars follow the anchor."""
     present = {d.name: d.page_size for d in drafts}
+    unlaid = [n.value for n in s.pool_layouts if n not in present]
+    if unlaid:
+        raise ConfigError(
+            f"pool layouts name pools {unlaid}, which this plan does not have "
+            f"(pools: {[n.value for n in present]})"
+        )
     unknown = [n.value for n in s.capacity_overrides if n not in present]
     if unknown:
         raise ConfigError(

@@ -42,8 +42,10 @@ def unwrap_text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The language model's config: ``text_config`` merged over nothing, keeping the outer
     model_type (what the user named) and the outer dtype when the text config has none."""
     text = config.get("text_config")
-    if not isinstance(text, Mapping):
+    if text is None:
         return dict(config)
+    if not isinstance(text, Mapping):
+        raise ConfigError(f"text_config must be a mapping, got {type(text).__name__}")
     merged = dict(text)
     merged["model_type"] = config.get("model_type")
     merged["text_model_type"] = text.get("model_type")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
 import attrs
 
