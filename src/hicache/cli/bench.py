@@ -3,6 +3,7 @@
 - bench copy: host <-> device copy backends against a contiguous copy (hicache.cli.bench_copy).
 - bench overlap: layer-wise loads overlapped with compute (hicache.cli.bench_overlap).
 - bench engine: the engine's own costs, copies excluded (hicache.cli.bench_engine).
+- bench scale: copy time per byte and planner time per layer as sizes grow (hicache.cli.bench_scale).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    from hicache.cli import bench_copy, bench_engine, bench_overlap
+    from hicache.cli import bench_copy, bench_engine, bench_overlap, bench_scale
 
     p = sub.add_parser("bench", help="measure copies and overlap (ratios to a same-run baseline)")
     inner = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     bench_copy.register(inner)
     bench_overlap.register(inner)
     bench_engine.register(inner)
+    bench_scale.register(inner)
