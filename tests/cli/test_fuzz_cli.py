@@ -57,7 +57,7 @@ SIZE_VALUES = [
 ]
 STRING_FLAGS = {
     "--layout": ["", "nope", "a" * 5000, "\x00", "page-first-direct!", "1"],
-    "--pool-layout": ["", "=", "kv=", "=page_first", "kv=nope", "nope=page_first", "mamba=layer_first"],
+    "--pool-layout": ["", "=", "kv=", "=page_first", "kv=nope", "nope=page_first", "kv=page_first=x"],
     "--capacity": ["", "kv", "kv=", "kv=x", f"kv={HUGE}", f"kv={BIG}", "kv=0", "kv=-64", "kv=1.5", "swa=64"],
     "--pp-split": ["", "nope", "VLLMX"],
     "--kv-dtype": ["nope", "float64", "int4"],

@@ -404,12 +404,6 @@ def plan_stack(
 def _size(drafts: list[_Draft], s: PlanSettings) -> dict[PoolName, int]:
     """Capacities in units (whole pages) for every draft; sidecars follow the anchor."""
     present = {d.name: d.page_size for d in drafts}
-    unlaid = [n.value for n in s.pool_layouts if n not in present]
-    if unlaid:
-        raise ConfigError(
-            f"pool layouts name pools {unlaid}, which this plan does not have "
-            f"(pools: {[n.value for n in present]})"
-        )
     unknown = [n.value for n in s.capacity_overrides if n not in present]
     if unknown:
         raise ConfigError(
