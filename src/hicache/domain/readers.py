@@ -1,7 +1,10 @@
 """HuggingFace config readers: a config.json dict into a ModelSpec.
 
 - read_hf_config: unwrap ``text_config``, pick the reader by model_type, wrap bad values in
-  ConfigError.
+  ConfigError; a ``layer_types`` list that the reader does not use must agree with it.
+
+Every field is read strictly and bounded (reader_fields.py): an integer is an int, never a bool,
+float or numeric string, and at least 1 (0 is refused, not taken as "unset").
 - SUPPORTED_MODEL_TYPES: the model types with a reader.
 
 Where each number comes from, per model type, is tabled in docs/models.md.
@@ -47,13 +50,14 @@ from hicache.domain.reader_fields import (
 def _dense(config: Mapping[str, Any]) -> ModelSpec:
     n = _layers(config)
     kinds = _layer_types(config, n)
-    window = _window(config, "sliding_window")
-    if kinds is not None and LayerKind.SLIDING_ATTENTION in kinds:
+    window = None  # read only when a sliding layer uses it (dense configs carry stale values)
+    if kinds is None:
+        kinds = (LayerKind.FULL_ATTENTION,) * n
+    elif LayerKind.SLIDING_ATTENTION in kinds:
+        window = _window(config, "sliding_window")
         if window is None:
             raise ConfigError("layer_types names sliding layers but sliding_window is not set")
-    else:
-        kinds = (LayerKind.FULL_ATTENTION,) * n
-        window = None
+    # Other layer_types (linear attention) are honoured: ModelSpec refuses them without a state.
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=kinds,
