@@ -56,7 +56,8 @@ def test_yaml_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_check_fits_names_the_bytes_and_the_machine_limit() -> None:
     available = available_memory_bytes()
-    assert available is not None and available > 0
+    assert available is not None
+    assert available > 0
     check_fits(1 << 20, "a small thing")
     with pytest.raises(SizingError, match=f"needs {available * 2} B of host memory"):
         check_fits(available * 2, "a big thing")
