@@ -1,6 +1,8 @@
 """The composition root: the only code that names concrete adapters and reads config files.
 
-- config: extra config (JSON / @file), model configs (path or bundled name) into domain values.
+- config: extra config (JSON / @file / Path), model configs (path or bundled name) into domain
+  values; files are read bounded and only when they are regular files.
+- machine: what this machine can hold (available memory), checked before large allocations.
 - runtime: open_runtime / Runtime, a plan materialised into host and device pools, copies,
   streams and the transfer engine. Loaded on first use, so importing hicache.bootstrap does not
   load torch.
