@@ -1,13 +1,19 @@
-"""`hicache shm list` and `hicache shm gc`: the JSON faces through a real subprocess."""
+"""`hicache shm list` and `hicache shm gc`: the JSON faces through a real subprocess.
+
+Each test works in a private segment directory ($HICACHE_SHM_DIR, a fresh tmpfs directory under
+/dev/shm): in the shared /dev/shm, any other process's first segment creation garbage-collects
+dead owners' segments, the test's planted one included, at any moment.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +21,15 @@ import pytest
 
 from hicache.cli import main
 
-SHM_DIR = Path("/dev/shm")
+
+@pytest.fixture(autouse=True)
+def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private segment directory for this test and the subprocesses it starts."""
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    path = Path(tempfile.mkdtemp(prefix="hicache-test-dir-", dir=root))
+    monkeypatch.setenv("HICACHE_SHM_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def hicache(*args: str) -> subprocess.CompletedProcess[str]:
@@ -35,21 +49,20 @@ def dead_pid() -> int:
 
 
 @pytest.fixture
-def segments() -> Iterator[tuple[str, str]]:
+def segments(shm_dir: Path) -> Iterator[tuple[str, str]]:
     """(a live segment owned by this process, a segment whose owner is dead)."""
     from hicache.adapters.host_memory import ShmRegion
 
     live = ShmRegion.create(8192)
+    assert live.path.parent == shm_dir
     dead = f"hicache-{dead_pid()}-{secrets.token_hex(8)}"
-    fd = os.open(SHM_DIR / dead, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(shm_dir / dead, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.ftruncate(fd, 12288)
     os.close(fd)
     try:
         yield live.name, dead
     finally:
         live.close()
-        with contextlib.suppress(FileNotFoundError):
-            (SHM_DIR / dead).unlink()
 
 
 def test_shm_list_json_shows_owner_liveness_and_size(segments: tuple[str, str]) -> None:
@@ -65,15 +78,17 @@ def test_shm_list_json_shows_owner_liveness_and_size(segments: tuple[str, str]) 
     assert by_name[dead]["owner_pid"] == int(dead.split("-")[1])
 
 
-def test_shm_gc_removes_dead_owners_segments_only(segments: tuple[str, str]) -> None:
+def test_shm_gc_removes_dead_owners_segments_only(
+    segments: tuple[str, str], shm_dir: Path
+) -> None:
     live, dead = segments
     proc = hicache("shm", "gc", "--json")
     assert proc.returncode == 0, proc.stderr
     removed = json.loads(proc.stdout)["removed"]
     assert dead in removed
     assert live not in removed
-    assert not (SHM_DIR / dead).exists()
-    assert (SHM_DIR / live).exists()
+    assert not (shm_dir / dead).exists()
+    assert (shm_dir / live).exists()
 
 
 def test_shm_list_and_gc_print_a_readable_summary(
@@ -98,3 +113,12 @@ def test_shm_without_a_subcommand_is_a_usage_error() -> None:
     proc = hicache("shm")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
+
+
+def test_shm_dir_must_be_absolute(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HICACHE_SHM_DIR", "relative/dir")
+    proc = hicache("shm", "list")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "hicache: error: HICACHE_SHM_DIR must be an absolute path, got 'relative/dir'"
+    ]

@@ -327,7 +327,7 @@ def test_missing_and_malformed_keys_are_config_errors_naming_them() -> None:
         ModelSpec.from_hf_config(config)
     with pytest.raises(ConfigError, match="'num_hidden_layers' must be an integer, got '36'"):
         ModelSpec.from_hf_config({**QWEN3_8B, "num_hidden_layers": "36"})
-    with pytest.raises(ConfigError, match="malformed value"):
+    with pytest.raises(ConfigError, match="'num_key_value_heads' must be an integer, got 'eight'"):
         ModelSpec.from_hf_config({**QWEN3_8B, "num_key_value_heads": "eight"})
     with pytest.raises(ConfigError, match="unknown dtype"):
         ModelSpec.from_hf_config({**QWEN3_8B, "torch_dtype": "float64"})

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hicache.domain import PoolName, SlotError
+from hicache.domain import ConfigError, PoolName, SlotError
 from hicache.domain.pins import PinnedPageError, PinTable, page_set
 
 KV, MAMBA = PoolName.KV, PoolName.MAMBA
@@ -52,10 +52,25 @@ def test_check_unpinned_names_the_pages() -> None:
     assert pins.pinned({KV: [0, 20, 1]}) == [(KV, 0), (KV, 1)]
 
 
+def test_pool_names_as_strings_name_the_same_pool() -> None:
+    pins = PinTable()
+    pins.pin({"kv": [0]})  # type: ignore[dict-item]
+    assert pins.count(KV, 0) == 1
+    assert pins.is_pinned("kv", 0)
+    pins.unpin({KV: [0]})
+    assert len(pins) == 0
+
+
 def test_bad_keys_and_pages_are_typed_errors() -> None:
     pins = PinTable()
-    with pytest.raises(SlotError, match="PoolName"):
-        pins.pin({"kv": [0]})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="unknown pool name 'kvv'"):
+        pins.pin({"kvv": [0]})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="a pool name must be a string or a PoolName, got 3"):
+        pins.pin({3: [0]})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="must be a mapping of pool name to pages, got list"):
+        pins.pin([0, 1])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must be a sequence of page ids, got 5"):
+        pins.pin({KV: 5})  # type: ignore[dict-item]
     with pytest.raises(SlotError, match="page -1 of pool 'kv'"):
         pins.pin({KV: [-1]})
     with pytest.raises(SlotError, match="page True"):

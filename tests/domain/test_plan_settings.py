@@ -40,7 +40,7 @@ GDN = GatedDeltaNetSpec(key_heads=2, value_heads=2, key_dim=8, value_dim=8, conv
         ({"kv_dtype": 8}, "kv_dtype must be a DType or its name, got 8"),
         ({"ssm_dtype": None}, "ssm_dtype must be a DType or its name, got None"),
         ({"sizing": 2.0}, "sizing must be a RatioSizing or a BudgetSizing, got 2.0"),
-        ({"storage": "shm"}, "storage must be a StorageSettings"),
+        ({"storage": 5}, "storage must be a StorageSettings"),
         ({"tp_size": 2.0}, "tp_size must be a positive integer, got 2.0"),
         ({"tp_size": True}, "tp_size must be a positive integer, got True"),
         ({"pp_rank": -1}, "pp_rank must be a non-negative integer"),
@@ -193,3 +193,9 @@ def test_mamba_groups_are_padded_to_tp_when_tp_does_not_divide_them() -> None:
     # 3 groups over 2 ranks: SGLang pads to 2 groups, one per rank; over 3 ranks they split
     conv = {tp: spec.rank_geometries(tp).state.tensors[0].shape for tp in (1, 2, 3)}  # type: ignore[union-attr]
     assert conv == {1: (48 + 2 * 3 * 8, 3), 2: (24 + 2 * 1 * 8, 3), 3: (16 + 2 * 1 * 8, 3)}
+
+
+def test_storage_may_be_a_backend_name() -> None:
+    from hicache.domain import StorageSettings
+
+    assert PlanSettings(storage="shm").storage == StorageSettings(backend="shm")

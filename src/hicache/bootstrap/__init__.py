@@ -1,8 +1,10 @@
 """The composition root: the only code that names concrete adapters and reads config files.
 
-- config: extra config (JSON / @file), model configs (path or bundled name) into domain values.
+- config: extra config (JSON / @file / Path), model configs (path or bundled name) into domain
+  values; files are read bounded and only when they are regular files.
 - storage: open_store / open_named_store / register_store_factory / store_names, the storage
   tier's backends, "dynamic" plug-ins and entry points (adapters load only when a store opens).
+- machine: what this machine can hold (available memory), checked before large allocations.
 - runtime: open_runtime / Runtime, a plan materialised into host and device pools, copies,
   streams and the transfer engine. Loaded on first use, so importing hicache.bootstrap does not
   load torch.

@@ -139,6 +139,8 @@ def open_runtime(
     """
     if not isinstance(plan, HostGroupPlan):
         raise ConfigError(f"open_runtime needs a HostGroupPlan, got {type(plan).__name__}")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"the engine's name must be a non-empty string, got {name!r}")
     if device_tensors is not None and device_capacities is not None:
         raise ConfigError(
             "device_capacities applies to allocated device pools; wrapped device_tensors "

@@ -42,18 +42,23 @@ def _version() -> str:
     return f"hicache {__version__}"
 
 
+def _one_line(e: BaseException) -> str:
+    """An error's message on one line: what the one-line promise of the command line needs."""
+    return " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         status: int = args.handler(args)
     except HiCacheError as e:
-        sys.stderr.write(f"hicache: error: {e}\n")
+        sys.stderr.write(f"hicache: error: {_one_line(e)}\n")
         return EXIT_USAGE if isinstance(e, ValueError) else EXIT_RUNTIME
     except KeyboardInterrupt:
         sys.stderr.write("hicache: interrupted\n")
         return 130
     except OSError as e:
-        sys.stderr.write(f"hicache: error: {e}\n")
+        sys.stderr.write(f"hicache: error: {_one_line(e)}\n")
         return EXIT_RUNTIME
     return status

@@ -5,6 +5,7 @@
 - bench engine: the engine's own costs, copies excluded (hicache.cli.bench_engine).
 - bench cache: page-key hashing and the prefix index's cost per page (hicache.cli.bench_cache).
 - bench storage: a store's put/get/exists against plain file I/O (hicache.cli.bench_storage).
+- bench scale: copy time per byte and planner time per layer as sizes grow (hicache.cli.bench_scale).
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    from hicache.cli import bench_cache, bench_copy, bench_engine, bench_overlap, bench_storage
+    from hicache.cli import (
+        bench_cache,
+        bench_copy,
+        bench_engine,
+        bench_overlap,
+        bench_scale,
+        bench_storage,
+    )
 
     p = sub.add_parser(
         "bench", help="measure copies, overlap and storage (ratios to a same-run baseline)"
@@ -24,3 +32,4 @@ def register(sub: Any) -> None:
     bench_engine.register(inner)
     bench_cache.register(inner)
     bench_storage.register(inner)
+    bench_scale.register(inner)

@@ -76,7 +76,8 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     try:
         values = tuple(int(t) for t in items)
     except ValueError:
-        raise ConfigError(f"{flag} expects comma-separated integers, got {text!r}") from None
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise ConfigError(f"{flag} expects comma-separated integers, got {shown!r}") from None
     if not values:
         raise ConfigError(f"{flag} expects at least one value, got {text!r}")
     return values
@@ -120,9 +121,33 @@ def render_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+MAX_REPEATS = 1000
+BYTES_PER_TOKEN_LAYER = 2048  # the synthetic pool: 8 KV heads x 64 x bf16, K and V
+# Baseline host and device buffers (1x the moved bytes each) plus a host and a device pool of
+# twice the moved tokens (2x each): six times the moved bytes are resident at once.
+RESIDENT_MULTIPLE = 6
+
+
+def check_sizes(*, tokens: int, layers: int, repeats: int) -> None:
+    """Ceilings checked before anything is allocated: counts, then this machine's memory."""
+    from hicache.bootstrap.machine import check_count, check_fits
+    from hicache.domain.limits import MAX_LAYERS, MAX_UNITS
+
+    check_count(tokens, "--tokens", MAX_UNITS)
+    check_count(layers, "--layers", MAX_LAYERS)
+    check_count(repeats, "--repeats", MAX_REPEATS)
+    moved = tokens * layers * BYTES_PER_TOKEN_LAYER
+    check_fits(
+        RESIDENT_MULTIPLE * moved,
+        f"bench copy with --tokens {tokens} --layers {layers} ({moved} B moved, "
+        f"{RESIDENT_MULTIPLE}x resident)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     page_sizes = _ints(args.page_sizes, "--page-sizes")
     layouts = _layouts(args.layouts)
+    check_sizes(tokens=args.tokens, layers=args.layers, repeats=args.repeats)
     from hicache.adapters.copy.bench import BenchSettings, run_copy_bench
 
     settings = BenchSettings(

@@ -14,7 +14,8 @@ import sys
 from typing import Any
 
 from hicache.cli.bench_overlap import _quiet_logs
-from hicache.domain import ConfigError
+
+MAX_ROUNDS = 10_000
 
 
 def register(sub: Any) -> None:
@@ -44,8 +45,9 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if isinstance(args.rounds, bool) or args.rounds <= 0:
-        raise ConfigError(f"--rounds must be a positive integer, got {args.rounds!r}")
+    from hicache.bootstrap.machine import check_count
+
+    check_count(args.rounds, "--rounds", MAX_ROUNDS)
     from hicache.bootstrap.bench_engine import run_engine_bench
 
     with _quiet_logs():

@@ -63,6 +63,7 @@ KV_HEADS = 8
 HEAD_DIM = 64
 COMPUTE_MARGIN = 1.25  # one layer's compute is calibrated to >= 1.25x one layer's copy
 SIGNAL_ROUNDS = 200
+MAX_REPEATS = 1000
 
 
 def register(sub: Any) -> None:
@@ -93,17 +94,21 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _positive(name: str, value: object) -> int:
+def _positive(name: str, value: object, ceiling: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
+    if value > ceiling:
+        raise ConfigError(f"--{name} must be at most {ceiling}, got {value}")
     return value
 
 
 def bench_plan(*, layers: int, tokens: int, page_size: int, layout: str) -> HostGroupPlan:
     """One MHA KV pool of ``layers`` layers holding exactly ``tokens`` on host and device."""
-    _positive("layers", layers)
-    _positive("tokens", tokens)
-    _positive("page-size", page_size)
+    from hicache.domain.limits import MAX_LAYERS, MAX_UNITS
+
+    _positive("layers", layers, MAX_LAYERS)
+    _positive("tokens", tokens, MAX_UNITS)
+    _positive("page-size", page_size, MAX_UNITS)
     if tokens % page_size:
         raise ConfigError(
             f"--tokens {tokens} must be a whole number of pages of --page-size {page_size}"
@@ -127,10 +132,17 @@ def bench_plan(*, layers: int, tokens: int, page_size: int, layout: str) -> Host
 
 
 def run(args: argparse.Namespace) -> int:
+    from hicache.bootstrap.machine import check_fits
+
     plan = bench_plan(
         layers=args.layers, tokens=args.tokens, page_size=args.page_size, layout=args.layout
     )
-    repeats = _positive("repeats", args.repeats)
+    repeats = _positive("repeats", args.repeats, MAX_REPEATS)
+    # Host and device pools of the plan's bytes each, checked before either is mapped.
+    check_fits(
+        2 * plan.nbytes,
+        f"bench overlap with --layers {args.layers} --tokens {args.tokens} (host + device pools)",
+    )
     with _quiet_logs(), _OtherLoad() as others:
         result = _run(plan, device=args.device, repeats=repeats)
     if args.json:

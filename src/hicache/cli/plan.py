@@ -26,6 +26,8 @@ from hicache.domain import (
 from hicache.domain.planner import DEFAULT_LAYOUT
 from hicache.domain.sizing import DEFAULT_RESERVE_BYTES
 
+MAX_RANKS_PER_HOST = 1 << 16
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -159,8 +161,9 @@ def _units(text: str, pool: str) -> int:
     try:
         return int(text)
     except ValueError:
+        shown = text if len(text) <= 40 else text[:37] + "..."
         raise ConfigError(
-            f"--capacity {pool}= expects a whole number of units, got {text!r}"
+            f"--capacity {pool}= expects a whole number of units, got {shown!r}"
         ) from None
 
 
@@ -247,8 +250,13 @@ def render_table(plan: HostGroupPlan) -> str:
 def run(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model)
     plan = plan_stack(spec, settings_from_args(args))
+    # --reserve is checked even without --host-available: a bad flag is never ignored.
+    reserve = parse_size(args.reserve) if args.reserve is not None else DEFAULT_RESERVE_BYTES
+    if not 1 <= args.ranks_per_host <= MAX_RANKS_PER_HOST:
+        raise ConfigError(
+            f"--ranks-per-host must be in [1, {MAX_RANKS_PER_HOST}], got {args.ranks_per_host}"
+        )
     if args.host_available is not None:
-        reserve = parse_size(args.reserve) if args.reserve is not None else DEFAULT_RESERVE_BYTES
         check_host_memory(
             plan.nbytes,
             parse_size(args.host_available),

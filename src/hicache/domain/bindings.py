@@ -50,6 +50,12 @@ class LayerBinding:
     @classmethod
     def contiguous(cls, transfer_layers: Sequence[int]) -> LayerBinding:
         """Bind ``transfer_layers`` (in the given order) to pool layers 0, 1, 2, ..."""
+        if isinstance(transfer_layers, (str, bytes)) or not isinstance(
+            transfer_layers, (Sequence, range)
+        ):
+            raise BindingError(
+                f"transfer layers must be a sequence of layer ids, got {transfer_layers!r}"[:200]
+            )
         return cls([(t, i) for i, t in enumerate(transfer_layers)], len(transfer_layers))
 
     @property

@@ -16,13 +16,13 @@ anonymous. An unknown backend or allocator name is a ConfigError that names it.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from hicache.domain.errors import ConfigError
+from hicache.domain.limits import check_tree, parse_json
 from hicache.domain.store_plugins import names_store_plugin
 
 ANONYMOUS = "anonymous"
@@ -38,6 +38,8 @@ KNOWN_ALLOCATORS = frozenset({ANONYMOUS, SHM}) | {STORE_PREFIX + s for s in MEMO
 
 
 def _check_kind(_inst: object, _attr: object, value: str) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"a host memory kind must be a name, got {value!r}")
     if value in (ANONYMOUS, SHM):
         return
     if value.startswith(STORE_PREFIX) and value[len(STORE_PREFIX) :] in MEMORY_OWNING_STORES:
@@ -106,7 +108,13 @@ def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, Mapping):
+        check_tree(value, "extra config")
         return dict(value)
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"extra config must be a JSON string, a mapping or None, got {type(value).__name__}; "
+            f"a file path goes through hicache.bootstrap.load_extra_config"
+        )
     text = value.strip()
     if not text:
         return {}
@@ -114,15 +122,11 @@ def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
         raise ConfigError(
             f"extra config {value!r} names a file; read it with hicache.bootstrap.load_extra_config"
         )
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"extra config is not valid JSON ({e.msg} at {e.pos}): {value!r}"
-        ) from None
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    parsed = parse_json(text, f"extra config {shown!r}")
     if not isinstance(parsed, dict):
         raise ConfigError(
-            f"extra config must be a JSON object, got {type(parsed).__name__}: {value!r}"
+            f"extra config must be a JSON object, got {type(parsed).__name__}: {shown!r}"
         )
     return parsed
 
@@ -135,6 +139,8 @@ class StorageSettings:
     extra_config: Mapping[str, Any] = attrs.field(factory=dict, converter=parse_extra_config)
 
     def __attrs_post_init__(self) -> None:
+        if self.backend is not None and not isinstance(self.backend, str):
+            raise ConfigError(f"storage backend must be a name or None, got {self.backend!r}")
         if self.backend is not None and self.backend not in KNOWN_BACKENDS:
             raise ConfigError(
                 f"unknown storage backend {self.backend!r}: expected one of "
@@ -157,9 +163,20 @@ def _allocator_kind(name: object) -> MemoryKind:
 
 
 def resolve_host_memory(
-    storage: StorageSettings, pinned: bool | str | Pinning | None = None
+    storage: StorageSettings | str | None, pinned: bool | str | Pinning | None = None
 ) -> HostMemory:
-    """THE resolution point: storage settings -> the one host memory kind of a whole group."""
+    """THE resolution point: storage settings -> the one host memory kind of a whole group.
+
+    ``storage`` may also be a backend name ("shm", "mooncake"; taken as
+    StorageSettings(backend=name)) or None (no storage backend).
+    """
+    if storage is None or isinstance(storage, str):
+        storage = StorageSettings(backend=storage)
+    elif not isinstance(storage, StorageSettings):
+        raise ConfigError(
+            f"storage must be a StorageSettings, a backend name or None, got "
+            f"{type(storage).__name__}"
+        )
     backend = storage.backend
     if backend is None:
         kind = MemoryKind(ANONYMOUS)

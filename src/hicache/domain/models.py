@@ -455,7 +455,7 @@ def layer_subset(flags: Sequence[object], n: int, what: str) -> tuple[int, ...]:
     """Layer ids whose flag is truthy (1/True) in a per-layer 0/1 list of at least n entries."""
     if not isinstance(flags, (list, tuple)) or len(flags) < n:
         raise ConfigError(f"{what} must list at least {n} layers, got {flags!r}")
-    bad = [f for f in flags[:n] if f not in (0, 1, True, False)]
+    bad = [f for f in flags[:n] if type(f) not in (int, bool) or f not in (0, 1)]
     if bad:
         raise ConfigError(f"{what} must hold 0/1 per layer, got {bad[:3]}")
     return tuple(i for i, f in enumerate(flags[:n]) if f)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 
 from hicache.domain.errors import SlotError
-from hicache.domain.pools import PoolName
+from hicache.domain.pools import PoolName, page_ids, pool_keyed
 
 PageSet = Mapping[PoolName, Sequence[int]]
 
@@ -24,11 +24,10 @@ class PinnedPageError(SlotError):
 
 
 def _items(pages: PageSet) -> list[tuple[PoolName, list[int]]]:
+    """Pool names ("kv" or PoolName.KV) and page ids checked; wrong types raise ConfigError."""
     out: list[tuple[PoolName, list[int]]] = []
-    for pool, ids in pages.items():
-        if not isinstance(pool, PoolName):
-            raise SlotError(f"pin keys must be PoolName values, got {pool!r}")
-        checked = list(ids)
+    for pool, ids in pool_keyed(pages, "a pin's page set").items():
+        checked = page_ids(ids, f"the pages of pool {pool.value!r}")
         for page in checked:
             if type(page) is not int or page < 0:
                 raise SlotError(
@@ -88,11 +87,12 @@ class PinTable:
                 if not counts:
                     del self._counts[pool]
 
-    def count(self, pool: PoolName, page: int) -> int:
+    def count(self, pool: PoolName | str, page: int) -> int:
+        name = PoolName.parse(pool)
         with self._lock:
-            return self._counts.get(pool, {}).get(page, 0)
+            return self._counts.get(name, {}).get(page, 0)
 
-    def is_pinned(self, pool: PoolName, page: int) -> bool:
+    def is_pinned(self, pool: PoolName | str, page: int) -> bool:
         return self.count(pool, page) > 0
 
     def pinned(self, pages: PageSet) -> list[tuple[PoolName, int]]:
@@ -119,9 +119,10 @@ class PinTable:
                 f"uses them; wait for it or cancel it first"
             )
 
-    def pages_of(self, pool: PoolName) -> frozenset[int]:
+    def pages_of(self, pool: PoolName | str) -> frozenset[int]:
+        name = PoolName.parse(pool)
         with self._lock:
-            return frozenset(self._counts.get(pool, {}))
+            return frozenset(self._counts.get(name, {}))
 
     def snapshot(self) -> dict[PoolName, dict[int, int]]:
         """Every pinned page with its count, per pool."""

@@ -109,9 +109,12 @@ def _sizing(value: object) -> Sizing:
 def _storage(value: object) -> StorageSettings:
     if value is None:
         return StorageSettings()
+    if isinstance(value, str):  # a backend name alone: StorageSettings(backend=value)
+        return StorageSettings(backend=value)
     if not isinstance(value, StorageSettings):
         raise ConfigError(
-            f"storage must be a StorageSettings (backend, extra_config), got {value!r}"
+            f"storage must be a StorageSettings (backend, extra_config) or a backend name, got "
+            f"{value!r}"
         )
     return value
 
@@ -190,7 +193,16 @@ class PlanSettings:
         return stage_range(num_layers, self.pp_size, self.pp_rank, self.pp_split)
 
 
+def _check_spec(spec: object) -> None:
+    if not isinstance(spec, ModelSpec):
+        raise ConfigError(
+            f"spec must be a ModelSpec (ModelSpec.from_hf_config or "
+            f"hicache.bootstrap.load_model_spec), got {type(spec).__name__}"
+        )
+
+
 def archetype_of(spec: ModelSpec) -> Archetype:
+    _check_spec(spec)
     caches = set().union(*spec.layer_caches)
     has_swa = Cache.SLIDING in caches
     has_state = Cache.STATE in caches
@@ -214,6 +226,7 @@ def archetype_of(spec: ModelSpec) -> Archetype:
 
 def working_pp_sizes(spec: ModelSpec, split: PPSplit | str = PPSplit.VLLM) -> list[int]:
     """The pp sizes under ``split`` whose every stage holds a full-attention layer."""
+    _check_spec(spec)
     full = spec.layers_holding(Cache.FULL)
     out = []
     for pp in range(1, spec.num_layers + 1):
@@ -263,9 +276,34 @@ def _no_anchor(spec: ModelSpec, s: PlanSettings, start: int, end: int) -> Config
     )
 
 
-def plan_stack(spec: ModelSpec, settings: PlanSettings | None = None) -> HostGroupPlan:
-    """The host group plan of one (tp, pp) rank of ``spec``."""
-    s = settings or PlanSettings()
+def _settings(value: object) -> PlanSettings:
+    """PlanSettings, None (the defaults) or a mapping of PlanSettings' keyword arguments."""
+    if value is None:
+        return PlanSettings()
+    if isinstance(value, PlanSettings):
+        return value
+    if isinstance(value, Mapping):
+        names = {str(a.alias) for a in attrs.fields(PlanSettings) if a.init}
+        unknown = sorted(str(k) for k in value if k not in names)
+        if unknown:
+            raise ConfigError(f"unknown plan settings {unknown}: expected some of {sorted(names)}")
+        return PlanSettings(**value)
+    raise ConfigError(
+        f"settings must be a PlanSettings, a mapping of its fields or None, got "
+        f"{type(value).__name__}"
+    )
+
+
+def plan_stack(
+    spec: ModelSpec, settings: PlanSettings | Mapping[str, Any] | None = None
+) -> HostGroupPlan:
+    """The host group plan of one (tp, pp) rank of ``spec``.
+
+    ``settings``: a PlanSettings, None for the defaults, or a mapping of PlanSettings' fields
+    (``{"tp_size": 2, "layout": "page_first"}``), checked the same way.
+    """
+    _check_spec(spec)
+    s = _settings(settings)
     archetype = archetype_of(spec)
     start, end = s.stage_of(spec.num_layers)
     geo = spec.rank_geometries(s.tp_size, kv_dtype=s.kv_dtype, ssm_dtype=s.ssm_dtype)

@@ -1,6 +1,8 @@
 """Host pool plans and the host group plan that owns their one host memory.
 
 - PoolName: kv, swa, mamba, indexer, draft.
+- pool_keyed: a mapping keyed by PoolName or pool-name strings into one keyed by PoolName.
+- page_ids: an iterable of page ids into a list (a string, a number or None is refused).
 - PoolRole: ANCHOR (the group's slot index space), SIDECAR (borrows the anchor's indices 1:1),
   INDEPENDENT (its own slots).
 - HitPolicy: ALL_PAGES (every page of a prefix is restorable) or TRAILING_PAGES (only the last
@@ -17,7 +19,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -41,12 +43,33 @@ class PoolName(enum.Enum):
     def parse(cls, value: str | PoolName) -> PoolName:
         if isinstance(value, PoolName):
             return value
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"a pool name must be a string or a PoolName, got {value!r}: expected one of "
+                f"{', '.join(m.value for m in cls)}"
+            )
         try:
             return cls(str(value).strip().lower())
         except ValueError:
             raise ConfigError(
                 f"unknown pool name {value!r}: expected one of {', '.join(m.value for m in cls)}"
             ) from None
+
+
+def pool_keyed(value: object, what: str) -> dict[PoolName, Any]:
+    """``value`` keyed by PoolName; "kv" and PoolName.KV name the same pool."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{what} must be a mapping of pool name to pages, got {type(value).__name__}"
+        )
+    return {PoolName.parse(k): v for k, v in value.items()}
+
+
+def page_ids(value: object, what: str) -> list[Any]:
+    """The items of an iterable of page ids; the ids themselves are checked by their users."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigError(f"{what} must be a sequence of page ids, got {value!r}"[:200])
+    return list(value)
 
 
 class PoolRole(enum.Enum):
@@ -161,6 +184,11 @@ class HostGroupPlan:
     _by_model: dict[int, int] = attrs.field(init=False, factory=dict, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.host_memory, HostMemory):
+            raise GroupError(
+                f"host_memory must be a HostMemory (hicache.domain.resolve_host_memory), got "
+                f"{self.host_memory!r}"
+            )
         names = [p.name for p in self.pools]
         dup = sorted({n.value for n in names if names.count(n) > 1})
         if dup:

@@ -1,7 +1,10 @@
 """HuggingFace config readers: a config.json dict into a ModelSpec.
 
 - read_hf_config: unwrap ``text_config``, pick the reader by model_type, wrap bad values in
-  ConfigError.
+  ConfigError; a ``layer_types`` list that the reader does not use must agree with it.
+
+Every field is read strictly and bounded (reader_fields.py): an integer is an int, never a bool,
+float or numeric string, and at least 1 (0 is refused, not taken as "unset").
 - SUPPORTED_MODEL_TYPES: the model types with a reader.
 
 Where each number comes from, per model type, is tabled in docs/models.md.
@@ -16,6 +19,7 @@ import attrs
 
 from hicache.domain.dtypes import DType
 from hicache.domain.errors import ConfigError, UnsupportedModelError
+from hicache.domain.limits import MAX_UNITS, config_flag, config_int
 from hicache.domain.models import (
     AttentionSpec,
     GatedDeltaNetSpec,
@@ -28,80 +32,32 @@ from hicache.domain.models import (
     ShortConvSpec,
     layer_subset,
 )
-
-
-def unwrap_text_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The language model's config: ``text_config`` merged over nothing, keeping the outer
-    model_type (what the user named) and the outer dtype when the text config has none."""
-    text = config.get("text_config")
-    if not isinstance(text, Mapping):
-        return dict(config)
-    merged = dict(text)
-    merged["model_type"] = config.get("model_type")
-    merged["text_model_type"] = text.get("model_type")
-    for key in ("torch_dtype", "dtype"):
-        if key in config and "torch_dtype" not in text and "dtype" not in text:
-            merged[key] = config[key]
-    return merged
-
-
-def _int(config: Mapping[str, Any], key: str) -> int:
-    value = config[key]
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"config key {key!r} must be an integer, got {value!r}")
-    return value
-
-
-def _dtype(config: Mapping[str, Any]) -> DType:
-    value = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    return DType.parse(str(value))
-
-
-def _head_dim(config: Mapping[str, Any]) -> int:
-    hd = config.get("head_dim")
-    if isinstance(hd, int) and hd > 0:
-        return hd
-    heads = _int(config, "num_attention_heads")
-    hidden = _int(config, "hidden_size")
-    if hidden % heads:
-        raise ConfigError(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
-    return hidden // heads
-
-
-def _attention(config: Mapping[str, Any]) -> AttentionSpec:
-    kv = config.get("num_key_value_heads") or _int(config, "num_attention_heads")
-    return AttentionSpec(kv_heads=int(kv), head_dim=_head_dim(config))
-
-
-def _layer_types(config: Mapping[str, Any], n: int) -> tuple[LayerKind, ...] | None:
-    types = config.get("layer_types")
-    if types is None:
-        return None
-    if not isinstance(types, list) or len(types) < n:
-        raise ConfigError(f"layer_types must list at least {n} layers, got {types!r}")
-    table = {
-        "full_attention": LayerKind.FULL_ATTENTION,
-        "sliding_attention": LayerKind.SLIDING_ATTENTION,
-        "linear_attention": LayerKind.LINEAR_ATTENTION,
-    }
-    out = []
-    for t in types[:n]:
-        if t not in table:
-            raise ConfigError(f"unknown layer type {t!r} in layer_types: expected {sorted(table)}")
-        out.append(table[t])
-    return tuple(out)
+from hicache.domain.reader_fields import (
+    _attention,
+    _check_layer_types,
+    _dtype,
+    _head_dim,
+    _ids,
+    _int,
+    _layer_types,
+    _layers,
+    _opt,
+    _window,
+    unwrap_text_config,
+)
 
 
 def _dense(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     kinds = _layer_types(config, n)
-    window = config.get("sliding_window")
-    if kinds is not None and LayerKind.SLIDING_ATTENTION in kinds:
-        if not isinstance(window, int):
-            raise ConfigError("layer_types names sliding layers but sliding_window is not set")
-    else:
+    window = None  # read only when a sliding layer uses it (dense configs carry stale values)
+    if kinds is None:
         kinds = (LayerKind.FULL_ATTENTION,) * n
-        window = None
+    elif LayerKind.SLIDING_ATTENTION in kinds:
+        window = _window(config, "sliding_window")
+        if window is None:
+            raise ConfigError("layer_types names sliding layers but sliding_window is not set")
+    # Other layer_types (linear attention) are honoured: ModelSpec refuses them without a state.
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=kinds,
@@ -119,7 +75,7 @@ def _mla(config: Mapping[str, Any]) -> MLASpec:
 
 def _deepseek(config: Mapping[str, Any]) -> ModelSpec:
     # MTP / next-n layers sit after num_hidden_layers and get no pool layer.
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=(LayerKind.FULL_ATTENTION,) * n,
@@ -141,11 +97,11 @@ def _deepseek_v32(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _sliding(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     kinds = _layer_types(config, n)
     if kinds is None:
-        pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern")
-        if not isinstance(pattern, int) or pattern <= 0:
+        pattern = _opt(config, "sliding_window_pattern", "_sliding_window_pattern")
+        if pattern is None:
             raise ConfigError(
                 f"{config['model_type']} config needs layer_types or sliding_window_pattern"
             )
@@ -157,7 +113,7 @@ def _sliding(config: Mapping[str, Any]) -> ModelSpec:
         model_type=str(config["model_type"]),
         layer_kinds=kinds,
         attention=_attention(config),
-        sliding_window=_int(config, "sliding_window"),
+        sliding_window=config_int(config, "sliding_window", maximum=MAX_UNITS),
         dtype=_dtype(config),
     )
 
@@ -190,7 +146,7 @@ def _gemma3(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _qwen3_next(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     kinds = _layer_types(config, n)
     if kinds is None:
         interval = _int(config, "full_attention_interval")
@@ -214,7 +170,7 @@ def _qwen3_next(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _nemotron_h(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     pattern = config["hybrid_override_pattern"]
     if not isinstance(pattern, str) or len(pattern) != n:
         raise ConfigError(
@@ -231,23 +187,23 @@ def _nemotron_h(config: Mapping[str, Any]) -> ModelSpec:
         raise ConfigError(
             f"hybrid_override_pattern has unknown layer symbols {bad}: expected M * - E"
         )
-    head_dim = config.get("attention_head_dim") or config.get("head_dim") or _head_dim(config)
-    heads = config.get("mamba_num_heads")
-    head = config.get("mamba_head_dim")
+    head_dim = _opt(config, "attention_head_dim", "head_dim") or _head_dim(config)
+    heads = _opt(config, "mamba_num_heads")
+    head = _opt(config, "mamba_head_dim")
     if heads is None or head is None:
         expand = _int(config, "expand")
-        head = int(head or 64)
+        head = head or 64  # transformers' NemotronHConfig default mamba_head_dim
         heads = expand * _int(config, "hidden_size") // head
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=tuple(table[c] for c in pattern),
         attention=AttentionSpec(
-            kv_heads=int(config.get("num_key_value_heads") or _int(config, "num_attention_heads")),
-            head_dim=int(head_dim),
+            kv_heads=_opt(config, "num_key_value_heads") or _int(config, "num_attention_heads"),
+            head_dim=head_dim,
         ),
         state=Mamba2Spec(
-            heads=int(heads),
-            head_dim=int(head),
+            heads=heads,
+            head_dim=head,
             state_size=_int(config, "ssm_state_size"),
             n_groups=_int(config, "n_groups"),
             conv_kernel=_int(config, "conv_kernel"),
@@ -262,14 +218,16 @@ def _qwen3_next_like(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _minimax_m3(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
-    sparse = config.get("sparse_attention_config") or {}
+    n = _layers(config)
+    sparse = config.get("sparse_attention_config")
+    if sparse is None:
+        sparse = {}
     if not isinstance(sparse, Mapping):
         raise ConfigError(f"sparse_attention_config must be a mapping, got {sparse!r}")
     dtype = _dtype(config)
     indexer = None
     indexer_layers = None
-    if sparse.get("use_sparse_attention"):
+    if config_flag(sparse, "use_sparse_attention"):
         indexer_layers = layer_subset(
             sparse["sparse_attention_freq"], n, "sparse_attention_config.sparse_attention_freq"
         )
@@ -286,14 +244,13 @@ def _minimax_m3(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _inkling(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
-    local = config.get("local_layer_ids") or []
-    if not isinstance(local, list) or any(not isinstance(i, int) or not 0 <= i < n for i in local):
-        raise ConfigError(f"local_layer_ids must list layer ids below {n}, got {local!r}")
+    n = _layers(config)
+    local_raw = config.get("local_layer_ids")
+    local = [] if local_raw is None else _ids(local_raw, "local_layer_ids", 0, n - 1)
     hd = _head_dim(config)
     kv = _int(config, "num_key_value_heads")
-    swa_kv = int(config.get("swa_num_key_value_heads") or kv)
-    swa_hd = int(config.get("swa_head_dim") or hd)
+    swa_kv = _opt(config, "swa_num_key_value_heads") or kv
+    swa_hd = _opt(config, "swa_head_dim") or hd
     local_set = set(local)
     kinds = tuple(
         LayerKind.SLIDING_ATTENTION if i in local_set else LayerKind.FULL_ATTENTION
@@ -302,7 +259,7 @@ def _inkling(config: Mapping[str, Any]) -> ModelSpec:
     has_local = bool(local_set)
     state = None
     state_layers = None
-    if config.get("use_sconv"):
+    if config_flag(config, "use_sconv"):
         state = ShortConvSpec(
             kv_heads=kv,
             head_dim=hd,
@@ -315,10 +272,12 @@ def _inkling(config: Mapping[str, Any]) -> ModelSpec:
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=kinds,
-        attention=AttentionSpec(kv_heads=kv, head_dim=hd, v_head_dim=config.get("v_head_dim")),
-        sliding_window=_int(config, "sliding_window_size") if has_local else None,
+        attention=AttentionSpec(kv_heads=kv, head_dim=hd, v_head_dim=_opt(config, "v_head_dim")),
+        sliding_window=config_int(config, "sliding_window_size", maximum=MAX_UNITS)
+        if has_local
+        else None,
         sliding_attention=AttentionSpec(
-            kv_heads=swa_kv, head_dim=swa_hd, v_head_dim=config.get("swa_v_head_dim")
+            kv_heads=swa_kv, head_dim=swa_hd, v_head_dim=_opt(config, "swa_v_head_dim")
         )
         if has_local
         else None,
@@ -329,16 +288,12 @@ def _inkling(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _kimi_linear(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     lin = config.get("linear_attn_config")
     if not isinstance(lin, Mapping):
         raise ConfigError(f"kimi_linear needs a linear_attn_config mapping, got {lin!r}")
-    kda = lin["kda_layers"]
     # Layer ids in kda_layers are 1-based (SGLang configs/kimi_linear.py is_kda_layer).
-    if not isinstance(kda, list) or any(not isinstance(i, int) or not 1 <= i <= n for i in kda):
-        raise ConfigError(
-            f"linear_attn_config.kda_layers must list 1-based ids in [1, {n}], got {kda!r}"
-        )
+    kda = _ids(lin["kda_layers"], f"linear_attn_config.kda_layers (1-based ids in [1, {n}])", 1, n)
     kda_set = {i - 1 for i in kda}
     kinds = tuple(
         LayerKind.LINEAR_ATTENTION if i in kda_set else LayerKind.FULL_ATTENTION for i in range(n)
@@ -356,14 +311,24 @@ def _kimi_linear(config: Mapping[str, Any]) -> ModelSpec:
     )
 
 
+def _mamba_head(config: Mapping[str, Any], intermediate: int, heads: int) -> int:
+    """mamba_d_head, or intermediate // heads when it is absent or "auto"."""
+    if config.get("mamba_d_head", "auto") in (None, "auto"):
+        if intermediate % heads:
+            raise ConfigError(
+                f"mamba intermediate size {intermediate} is not divisible by mamba_n_heads {heads}"
+            )
+        return intermediate // heads
+    return _int(config, "mamba_d_head")
+
+
 def _falcon_h1(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     hidden = _int(config, "hidden_size")
     heads = _int(config, "mamba_n_heads")
-    d_ssm = config.get("mamba_d_ssm")
-    intermediate = int(d_ssm) if d_ssm is not None else int(config.get("mamba_expand", 2)) * hidden
-    d_head = config.get("mamba_d_head", "auto")
-    head = intermediate // heads if d_head in (None, "auto") else int(d_head)
+    d_ssm = _opt(config, "mamba_d_ssm")
+    intermediate = d_ssm if d_ssm is not None else (_opt(config, "mamba_expand") or 2) * hidden
+    head = _mamba_head(config, intermediate, heads)
     # Attention and Mamba2 side by side in every layer (SGLang configs/falcon_h1.py).
     return ModelSpec(
         model_type=str(config["model_type"]),
@@ -383,16 +348,15 @@ def _falcon_h1(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _granite_hybrid(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     types = config["layer_types"]
     table = {"mamba": LayerKind.MAMBA, "attention": LayerKind.FULL_ATTENTION}
     if not isinstance(types, list) or len(types) < n or any(t not in table for t in types[:n]):
         raise ConfigError(f"layer_types must list {n} of 'mamba'/'attention', got {types!r}")
     hidden = _int(config, "hidden_size")
     heads = _int(config, "mamba_n_heads")
-    intermediate = int(config.get("mamba_expand", 2)) * hidden
-    d_head = config.get("mamba_d_head")
-    head = intermediate // heads if d_head in (None, "auto") else int(d_head)
+    intermediate = (_opt(config, "mamba_expand") or 2) * hidden
+    head = _mamba_head(config, intermediate, heads)
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=tuple(table[t] for t in types[:n]),
@@ -409,15 +373,15 @@ def _granite_hybrid(config: Mapping[str, Any]) -> ModelSpec:
 
 
 def _mimo_v2(config: Mapping[str, Any]) -> ModelSpec:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     pattern = layer_subset(config["hybrid_layer_pattern"], n, "hybrid_layer_pattern")
     swa = set(pattern)  # 1 = sliding window, 0 = full attention
     kinds = tuple(
         LayerKind.SLIDING_ATTENTION if i in swa else LayerKind.FULL_ATTENTION for i in range(n)
     )
     hd = _head_dim(config)
-    window = config.get("sliding_window") or config.get("sliding_window_size")
-    if swa and not isinstance(window, int):
+    window = _window(config, "sliding_window", "sliding_window_size")
+    if swa and window is None:
         raise ConfigError("hybrid_layer_pattern names sliding layers but sliding_window is not set")
     return ModelSpec(
         model_type=str(config["model_type"]),
@@ -425,13 +389,13 @@ def _mimo_v2(config: Mapping[str, Any]) -> ModelSpec:
         attention=AttentionSpec(
             kv_heads=_int(config, "num_key_value_heads"),
             head_dim=hd,
-            v_head_dim=config.get("v_head_dim"),
+            v_head_dim=_opt(config, "v_head_dim"),
         ),
         sliding_window=window if swa else None,
         sliding_attention=AttentionSpec(
             kv_heads=_int(config, "swa_num_key_value_heads"),
-            head_dim=int(config.get("swa_head_dim") or hd),
-            v_head_dim=config.get("swa_v_head_dim"),
+            head_dim=_opt(config, "swa_head_dim") or hd,
+            v_head_dim=_opt(config, "swa_v_head_dim"),
         )
         if swa
         else None,
@@ -487,7 +451,9 @@ _READERS: dict[str, Callable[[Mapping[str, Any]], ModelSpec]] = {
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_READERS))
 
-
+# Readers that derive layer kinds from layer_types themselves; every other reader derives them
+# from its own keys, and a layer_types list in such a config must then agree (_check_layer_types).
+_READS_LAYER_TYPES = frozenset({_dense, _sliding, _gemma3, _qwen3_next, _qwen3_next_like})
 def read_hf_config(config: Mapping[str, Any]) -> ModelSpec:
     """A ModelSpec from a HuggingFace config dict (its ``text_config`` when it has one)."""
     if not isinstance(config, Mapping):
@@ -500,10 +466,14 @@ def read_hf_config(config: Mapping[str, Any]) -> ModelSpec:
             f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     try:
-        return reader(unwrap_text_config(config))
+        text = unwrap_text_config(config)
+        spec = reader(text)
+        if reader not in _READS_LAYER_TYPES and reader is not _granite_hybrid:
+            _check_layer_types(spec, text)
+        return spec
     except KeyError as e:
         raise ConfigError(f"{model_type} config is missing key {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, ArithmeticError) as e:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{model_type} config has a malformed value: {e}") from None

@@ -14,12 +14,15 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
 import attrs
 
 from hicache.domain.errors import ConfigError, SizingError
+from hicache.domain.limits import MAX_BYTES, MAX_UNITS
 
 GiB = 1 << 30
+MAX_RATIO = 1e6  # host capacity at most a million times the device's
 DEFAULT_RESERVE_BYTES = 10 * GiB
 
 _UNITS = {
@@ -45,28 +48,45 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         if text <= 0:
             raise ConfigError(f"size must be positive, got {text}")
+        if text > MAX_BYTES:
+            raise ConfigError(f"size {text} is above the largest accepted, {MAX_BYTES} B (1 EiB)")
         return text
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not isinstance(text, str):
+        raise ConfigError(f"size must be a string such as '64GiB' or an int, got {text!r}")
+    if len(text) > 40:
+        raise ConfigError(f"cannot read size {text[:40]!r}...: longer than 40 characters")
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
         raise ConfigError(
             f"cannot read size {text!r}: expected a number with an optional unit "
             f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 64GiB"
         )
-    value = int(float(m.group(1)) * _UNITS[unit])
+    value = int(Fraction(m.group(1)) * _UNITS[unit])  # exact: no float rounding or overflow
     if value <= 0:
         raise ConfigError(f"size must be positive, got {text!r}")
+    if value > MAX_BYTES:
+        raise ConfigError(f"size {text!r} is above the largest accepted, {MAX_BYTES} B (1 EiB)")
     return value
 
 
 def _positive_ratio(_inst: object, _attr: object, value: float) -> None:
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ConfigError(f"host ratio must be a positive number, got {value!r}")
+    if value > MAX_RATIO:
+        raise ConfigError(f"host ratio must be at most {MAX_RATIO}, got {value!r}")
 
 
 def _positive_bytes(_inst: object, _attr: object, value: int) -> None:
-    if not isinstance(value, int) or value <= 0:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"host budget must be a positive number of bytes, got {value!r}")
+    if value > MAX_BYTES:
+        raise ConfigError(f"host budget must be at most {MAX_BYTES} B (1 EiB), got {value}")
 
 
 @attrs.frozen
@@ -90,7 +110,12 @@ def ratio_capacity(device_units: int, ratio: float, page_size: int) -> int:
     """Host units for ``device_units`` x ``ratio``, floored to whole pages (at least one page)."""
     if device_units <= 0:
         raise SizingError(f"device capacity must be positive, got {device_units}")
-    pages = math.floor(device_units * ratio / page_size)
+    pages = math.floor(Fraction(device_units) * Fraction(ratio) / page_size)
+    if pages * page_size > MAX_UNITS:
+        raise SizingError(
+            f"{device_units} device units x ratio {ratio} is {pages * page_size} units, above the "
+            f"largest capacity accepted ({MAX_UNITS})"
+        )
     if pages < 1:
         raise SizingError(
             f"{device_units} device units x ratio {ratio} is less than one page of {page_size}"
@@ -141,7 +166,14 @@ def check_host_memory(
     ranks_on_host: int = 1,
 ) -> None:
     """Raise SizingError when ``ranks_on_host`` plans of ``plan_bytes`` do not fit the host."""
-    if ranks_on_host < 1:
+    for name, value in (
+        ("plan_bytes", plan_bytes),
+        ("available_bytes", available_bytes),
+        ("reserve_bytes", reserve_bytes),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+    if not isinstance(ranks_on_host, int) or isinstance(ranks_on_host, bool) or ranks_on_host < 1:
         raise ConfigError(f"ranks_on_host must be at least 1, got {ranks_on_host}")
     usable = available_bytes - reserve_bytes
     needed = plan_bytes * ranks_on_host
@@ -160,8 +192,8 @@ def check_overrides(overrides: Mapping[str, int], page_sizes: Mapping[str, int])
                 f"capacity override names pool {name!r}, which this plan does not have "
                 f"(pools: {sorted(page_sizes)})"
             )
-        if units <= 0 or units % page_sizes[name]:
+        if units <= 0 or units > MAX_UNITS or units % page_sizes[name]:
             raise ConfigError(
                 f"capacity override for {name!r} must be a positive whole number of pages of "
-                f"{page_sizes[name]}, got {units}"
+                f"{page_sizes[name]}, got {units} (at most {MAX_UNITS})"
             )

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 
 from hicache.domain.errors import ConfigError, DoubleFreeError, ForeignIndexError, OutOfSlotsError
-from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
+from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole, page_ids, pool_keyed
 
 
 class PageAllocator:
@@ -71,7 +71,7 @@ class PageAllocator:
 
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` pages (lowest free ids first) or raise OutOfSlotsError taking none."""
-        if not isinstance(n, int) or n < 0:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ConfigError(f"page count must be a non-negative integer, got {n!r}")
         with self._lock:
             available = self._free_locked()
@@ -90,8 +90,9 @@ class PageAllocator:
 
     def check_free(self, pages: Iterable[int]) -> None:
         """Raise what free(pages) would raise, changing nothing."""
+        ids = page_ids(pages, f"pages of pool {self._name!r}")
         with self._lock:
-            self._check_free_locked(list(pages))
+            self._check_free_locked(ids)
 
     def _check_free_locked(self, ids: list[int]) -> None:
         seen: set[int] = set()
@@ -103,7 +104,7 @@ class PageAllocator:
 
     def free(self, pages: Iterable[int]) -> None:
         """Return pages; all-or-nothing: a foreign or already free id raises and frees none."""
-        ids = list(pages)
+        ids = page_ids(pages, f"pages of pool {self._name!r}")
         with self._lock:
             self._check_free_locked(ids)
             for p in ids:
@@ -120,8 +121,11 @@ class GroupAllocation:
 
     pages: Mapping[PoolName, tuple[int, ...]]
 
-    def __getitem__(self, name: PoolName) -> tuple[int, ...]:
-        return self.pages[name]
+    def __getitem__(self, name: PoolName | str) -> tuple[int, ...]:
+        pool = PoolName.parse(name)
+        if pool not in self.pages:
+            raise ForeignIndexError(f"this allocation took no pages from pool {pool.value!r}")
+        return self.pages[pool]
 
 
 class GroupAllocator:
@@ -141,7 +145,8 @@ class GroupAllocator:
     def order(self) -> tuple[PoolName, ...]:
         return self._order
 
-    def allocator(self, name: PoolName) -> PageAllocator:
+    def allocator(self, name: PoolName | str) -> PageAllocator:
+        name = PoolName.parse(name)
         owner = self._plan.anchor.name if name in self._sidecars else name
         try:
             return self._allocators[owner]
@@ -150,6 +155,7 @@ class GroupAllocator:
 
     def allocate(self, counts: Mapping[PoolName, int]) -> GroupAllocation:
         """Take pages from every named pool, in the group's order, or none at all."""
+        counts = pool_keyed(counts, "page counts")
         unknown = [n.value for n in counts if n not in self._allocators]
         if unknown:
             raise ConfigError(
@@ -170,7 +176,10 @@ class GroupAllocator:
 
     def free(self, allocation: GroupAllocation | Mapping[PoolName, Sequence[int]]) -> None:
         """Free the pages of an allocation; a sidecar's pages are never freed on their own."""
-        pages = allocation.pages if isinstance(allocation, GroupAllocation) else allocation
+        pages = pool_keyed(
+            allocation.pages if isinstance(allocation, GroupAllocation) else allocation,
+            "an allocation to free",
+        )
         sidecar = [n.value for n in pages if n in self._sidecars]
         if sidecar:
             raise ForeignIndexError(

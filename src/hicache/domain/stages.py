@@ -36,6 +36,8 @@ class PPSplit(enum.Enum):
 
 
 def _check(num_layers: int, pp_size: int, pp_rank: int) -> None:
+    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
+        raise ConfigError(f"num_layers must be a positive integer, got {num_layers!r}")
     if not isinstance(pp_size, int) or isinstance(pp_size, bool) or pp_size < 1:
         raise ConfigError(f"pp_size must be a positive integer, got {pp_size!r}")
     if not isinstance(pp_rank, int) or isinstance(pp_rank, bool) or not 0 <= pp_rank < pp_size:

@@ -33,7 +33,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import structlog
 
 from hicache.domain.errors import (
     ConfigError,
@@ -50,9 +49,10 @@ from hicache.engine._pages import PageDict, PageSet, check_pairing, normalise_pa
 from hicache.engine._settling import _Life
 from hicache.engine._submission import Submitting
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
+from hicache.engine.logs import get_logger
 from hicache.engine.stats import EngineStatistics, OperationState
 
-log = structlog.get_logger("hicache.engine")
+log = get_logger("hicache.engine")  # structlog if the app configured it, else silent stdlib
 
 # Who owns device pages: the engine's allocator ("engine": loads may leave them to the engine)
 # or the serving framework ("framework": every load and backup names its device pages).

@@ -3,7 +3,8 @@
 - ShmRegion: one segment mapped MAP_SHARED; ShmRegion.create(nbytes) makes a new one (owner),
   ShmRegion.attach(name) maps an existing one (attacher, never removes it).
 - SegmentInfo: name, owner pid, whether the owner is alive, size in bytes.
-- list_segments: every hicache segment under /dev/shm.
+- shm_dir: the segment directory, /dev/shm or $HICACHE_SHM_DIR (an absolute path).
+- list_segments: every hicache segment under shm_dir().
 - gc_segments: remove the segments whose owner died; returns the names removed.
 - remove_owned_segments: unlink every segment this process owns now (what the SIGTERM/SIGINT
   hook runs; for applications whose own signal handlers replace hicache's).
@@ -53,6 +54,7 @@ from hicache.adapters.host_memory.base import ViewedRegion, check_nbytes, releas
 from hicache.domain import ConfigError, HiCacheError, HostMemoryError, MemoryKind
 
 SHM_DIR = Path("/dev/shm")
+SHM_DIR_ENV = "HICACHE_SHM_DIR"
 NAME_PREFIX = "hicache-"
 SEGMENT_MODE = 0o600
 _NAME_RE = re.compile(r"^hicache-([1-9][0-9]{0,9})-([0-9a-f]{16})$")
@@ -110,14 +112,31 @@ def _pid_alive(pid: int) -> bool:
     return not (fields and fields[0] in ("Z", "X"))
 
 
+def shm_dir() -> Path:
+    """Where segments live: $HICACHE_SHM_DIR if set (an absolute path), else /dev/shm.
+
+    Read at each call, so every process that shares segments must see the same value. Meant for
+    a private tmpfs (tests, a container that mounts its own); /dev/shm is what POSIX shm_open
+    uses.
+    """
+    value = os.environ.get(SHM_DIR_ENV)
+    if not value:
+        return SHM_DIR
+    path = Path(value)
+    if not path.is_absolute():
+        raise ConfigError(f"{SHM_DIR_ENV} must be an absolute path, got {value!r}")
+    return path
+
+
 def list_segments() -> list[SegmentInfo]:
-    """Every hicache segment under /dev/shm, sorted by name (empty if there is no /dev/shm)."""
+    """Every hicache segment under shm_dir(), sorted by name (empty if there is no such dir)."""
+    root = shm_dir()
     try:
-        entries = sorted(os.scandir(SHM_DIR), key=lambda e: e.name)
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
         return []
     except OSError as e:
-        raise HostMemoryError(f"cannot list {SHM_DIR}: {e.strerror} (errno {e.errno})") from e
+        raise HostMemoryError(f"cannot list {root}: {e.strerror} (errno {e.errno})") from e
     found = []
     for entry in entries:
         pid = parse_segment_name(entry.name)
@@ -143,7 +162,7 @@ def gc_segments() -> list[str]:
     return [
         info.name
         for info in list_segments()
-        if not info.alive and _remove_if_unlocked(SHM_DIR / info.name)
+        if not info.alive and _remove_if_unlocked(shm_dir() / info.name)
     ]
 
 
@@ -286,7 +305,7 @@ class ShmRegion(ViewedRegion):
         # Use ShmRegion.create or ShmRegion.attach; this only takes ownership of what they opened.
         self.kind = MemoryKind("shm")
         self.name = name
-        self.path = SHM_DIR / name
+        self.path = shm_dir() / name
         self.nbytes = len(mapping)
         self.owner = owner_fd is not None
         self.owner_pid = int(parse_segment_name(name) or 0)
@@ -308,7 +327,7 @@ class ShmRegion(ViewedRegion):
         _gc_once()
         _hook_signals()
         name = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
-        path = SHM_DIR / name
+        path = shm_dir() / name
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
             fd = os.open(path, flags, SEGMENT_MODE)
@@ -359,12 +378,12 @@ class ShmRegion(ViewedRegion):
         _check_name(name)
         if nbytes is not None:
             check_nbytes(nbytes, "expected segment size")
-        path = SHM_DIR / name
+        path = shm_dir() / name
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise HostMemoryError(
-                f"no shared-memory segment {name!r} in {SHM_DIR}: its owner closed it or died "
+                f"no shared-memory segment {name!r} in {path.parent}: its owner closed it or died "
                 "(see `hicache shm list`)"
             ) from None
         except OSError as e:
