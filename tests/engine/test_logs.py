@@ -84,3 +84,18 @@ def test_the_broken_case_is_caught_structlog_defaults_print_on_stdout() -> None:
         check=False,
     )
     assert "event_x" in proc.stdout
+
+
+def test_every_engine_module_logs_through_the_quiet_logger() -> None:
+    """A module that called structlog.get_logger directly would print on stdout by default."""
+    import pathlib
+
+    import hicache.engine
+
+    root = pathlib.Path(hicache.engine.__file__).parent
+    direct = [
+        p.name
+        for p in sorted(root.glob("*.py"))
+        if p.name != "logs.py" and "structlog.get_logger(" in p.read_text()
+    ]
+    assert direct == []

@@ -14,7 +14,6 @@ import time
 from collections.abc import Sequence
 
 import anyio
-import structlog
 
 from hicache.domain.errors import TransferError
 from hicache.domain.ledger import Action, Free, Ledger, Pin, PinTableKind, Side, Unpin
@@ -23,9 +22,10 @@ from hicache.domain.pools import PoolName
 from hicache.domain.ports import Streams
 from hicache.domain.slots import GroupAllocator
 from hicache.engine._ops import POLL_MAX_S, POLL_MIN_S, Batch, EventSets, Op, OpKind, wait_until
+from hicache.engine.logs import get_logger
 from hicache.engine.stats import OperationState
 
-log = structlog.get_logger("hicache.engine")
+log = get_logger("hicache.engine")
 
 
 class _Life(enum.Enum):

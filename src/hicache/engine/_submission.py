@@ -11,15 +11,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import structlog
-
 from hicache.domain.errors import HiCacheError, TransferError
 from hicache.domain.ports import Direction, PageMap, Transfer
 from hicache.engine._ops import Batch, Op, OpKind
 from hicache.engine._settling import Settling, _Life
+from hicache.engine.logs import get_logger
 from hicache.engine.stats import OperationState
 
-log = structlog.get_logger("hicache.engine")
+log = get_logger("hicache.engine")
 
 
 class Submitting(Settling):

@@ -34,7 +34,6 @@ from typing import Any
 
 import anyio
 import attrs
-import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -50,13 +49,14 @@ from hicache.domain.storage import (
     StoreStatus,
     buffer_nbytes,
 )
+from hicache.engine.logs import get_logger
 from hicache.engine.storage_settings import (
     StorageTierSettings,
     StorageTierStatistics,
     prefetch_deadline,
 )
 
-log = structlog.get_logger("hicache.storage")
+log = get_logger("hicache.storage")
 
 _FAILED = (StoreStatus.TRANSIENT, StoreStatus.FATAL)
 OnDone = Callable[[list[bool]], None]
