@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
+import os
+from pathlib import Path
 
 import pytest
 
@@ -16,16 +17,24 @@ pytestmark = [pytest.mark.mooncake, pytest.mark.timeout(120)]
 TINY = ["--pages", "4", "--page-size", "16", "--layers", "2", "--repeats", "1"]
 
 
-def _mooncake_pids() -> set[int]:
-    out = subprocess.run(
-        ["pgrep", "-f", "mooncake_(master|client)"], capture_output=True, text=True, check=False
-    ).stdout
-    return {int(p) for p in out.split()}
+def _mooncake_children() -> set[int]:
+    """Mooncake processes (live or zombie) whose parent is this test process."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        if ppid == os.getpid() and comm.startswith("mooncake"):
+            found.add(int(stat.parent.name))
+    return found
 
 
 def test_bench_starts_and_stops_a_local_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     assert _PROBLEM is None
-    before = _mooncake_pids()
+    assert _mooncake_children() == set()
     assert main(["bench", "storage", "--store", "mooncake", "--json", *TINY]) == 0
     doc = json.loads(capsys.readouterr().out.strip())
     assert tuple(doc) == KEYS
@@ -33,4 +42,4 @@ def test_bench_starts_and_stops_a_local_cluster(capsys: pytest.CaptureFixture[st
     assert doc["pages"] == 4
     for key in ("put_gbps", "get_gbps", "raw_read_gbps", "raw_write_gbps"):
         assert doc[key] > 0, key
-    assert _mooncake_pids() <= before  # every process it started was stopped
+    assert _mooncake_children() == set()  # every process it started was stopped and reaped
