@@ -21,9 +21,17 @@ pytestmark = pytest.mark.timeout(120)
 def test_scale_json_reports_both_ratios_from_its_own_points(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["bench", "scale", "--json", "--max-bytes", "64MiB", "--repeats", "1"]) == 0
+    argv = ["--max-bytes", "64MiB", "--max-pages", "10000", "--repeats", "1"]
+    assert main(["bench", "scale", "--json", *argv]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"copy", "planner", "seconds"}
+    assert set(doc) == {"copy", "planner", "cache", "seconds"}
+    cache = doc["cache"]
+    assert [p["pages"] for p in cache["points"]] == [1000, 10000]
+    small, large = cache["points"][0], cache["points"][-1]
+    assert cache["ratio_match_per_page"] == pytest.approx(
+        large["match_us_per_page"] / small["match_us_per_page"], rel=0.05
+    )
+    assert cache["ok"] is (cache["ratio_match_per_page"] <= cache["target"] == 2.0)
     copy, planner = doc["copy"], doc["planner"]
     assert [p["bytes"] for p in copy["points"]] == [16 << 20, 64 << 20]
     first, last = copy["points"][0], copy["points"][-1]
@@ -50,6 +58,8 @@ def test_copy_sizes_go_from_16_mib_by_fours_up_to_the_maximum() -> None:
         (["--max-bytes", "1e308"], "cannot read size"),
         (["--max-bytes", "1000TiB"], "needs"),
         (["--repeats", "0"], "--repeats must be a positive integer"),
+        (["--max-pages", "999"], "--max-pages must be an integer of at least 1000"),
+        (["--max-pages", "100000000"], "--max-pages must be at most"),
         (["--repeats", "1000000"], "--repeats must be at most 100"),
     ],
 )

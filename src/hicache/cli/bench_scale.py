@@ -6,6 +6,8 @@
 - planner: plan_stack of a Qwen3-Next-shaped hybrid (Gated DeltaNet + full attention every 4th
   layer) of 8, 16, 32, 64, 128 and 256 layers; the time per layer at 256 over that at 8
   (target <= 2).
+- cache: the prefix index's match cost per page at 10^3, 10^4 and 10^5 cached pages (up to
+  ``--max-pages``); the cost at the largest over that at 10^3 (target <= 2).
 
 Prints one JSON document with --json (docs/bench-scale.md), a short table otherwise. torch is
 imported only when the command runs.
@@ -28,6 +30,7 @@ DEFAULT_MAX_BYTES = 1 << 30
 LAYERS = (8, 16, 32, 64, 128, 256)
 COPY_TARGET = 1.2
 PLANNER_TARGET = 2.0
+CACHE_TARGET = 2.0  # issue 9: match cost per page at a large index <= 2x at a small one
 PLANNER_SAMPLE_S = 0.05  # each planner sample repeats plan_stack for at least this long
 
 HYBRID = {
@@ -59,6 +62,13 @@ def register(sub: Any) -> None:
         "--max-bytes",
         default="1GiB",
         help="largest copy, at least 16MiB (default 1GiB; the sizes are 16 MiB x 4^k)",
+    )
+    p.add_argument(
+        "--max-pages",
+        type=int,
+        default=100_000,
+        help="largest prefix index for the cache's match cost, at least 1000 (default 100000; "
+        "the sizes are 1000 x 10^k; `hicache bench cache` measures 10^6)",
     )
     p.add_argument("--repeats", type=int, default=5, help="samples per point; medians kept (5)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -99,8 +109,20 @@ def planner_seconds(layers: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def measure(max_bytes: int, repeats: int) -> dict[str, Any]:
+def index_sizes(max_pages: object) -> list[int]:
+    if not isinstance(max_pages, int) or isinstance(max_pages, bool) or max_pages < 1000:
+        raise ConfigError(f"--max-pages must be an integer of at least 1000, got {max_pages!r}")
+    if max_pages > 10_000_000:
+        raise ConfigError(f"--max-pages must be at most 10000000, got {max_pages}")
+    sizes = [1000]
+    while sizes[-1] * 10 <= max_pages:
+        sizes.append(sizes[-1] * 10)
+    return sizes
+
+
+def measure(max_bytes: int, repeats: int, max_pages: int = 100_000) -> dict[str, Any]:
     from hicache.adapters.copy.scale import memcpy_scale
+    from hicache.cli.bench_cache import index_costs
 
     started = time.perf_counter()
     sizes = copy_sizes(max_bytes)
@@ -108,6 +130,9 @@ def measure(max_bytes: int, repeats: int) -> dict[str, Any]:
     per_byte = {n: t / n for n, t in copy.items()}
     plans = {n: planner_seconds(n, repeats) for n in LAYERS}
     per_layer = {n: t / n for n, t in plans.items()}
+    pages = index_sizes(max_pages)
+    costs = index_costs(pages, batch=256, repeats=repeats, page_size=64)
+    match_ratio = costs[pages[-1]][1] / costs[pages[0]][1]
     copy_ratio = per_byte[sizes[-1]] / per_byte[sizes[0]]
     planner_ratio = per_layer[LAYERS[-1]] / per_layer[LAYERS[0]]
     return {
@@ -131,6 +156,19 @@ def measure(max_bytes: int, repeats: int) -> dict[str, Any]:
             "target": PLANNER_TARGET,
             "ok": planner_ratio <= PLANNER_TARGET,
         },
+        "cache": {
+            "points": [
+                {
+                    "pages": n,
+                    "match_us_per_page": round(costs[n][1], 3),
+                    "insert_us_per_page": round(costs[n][0], 3),
+                }
+                for n in pages
+            ],
+            "ratio_match_per_page": round(match_ratio, 3),
+            "target": CACHE_TARGET,
+            "ok": match_ratio <= CACHE_TARGET,
+        },
         "seconds": round(time.perf_counter() - started, 2),
     }
 
@@ -150,6 +188,16 @@ def render(doc: dict[str, Any]) -> str:
     lines.append(
         f"  time per layer, 256 / 8: {p['ratio_per_layer']:.3f} (target <= {p['target']})"
     )
+    k = doc["cache"]
+    lines.append("cache (prefix index match, page size 64):")
+    lines += [
+        f"  {pt['pages']:8d} pages  {pt['match_us_per_page']:8.3f} us/page matched"
+        for pt in k["points"]
+    ]
+    lines.append(
+        f"  match per page, largest / smallest: {k['ratio_match_per_page']:.3f} "
+        f"(target <= {k['target']})"
+    )
     lines.append(f"took {doc['seconds']} s")
     return "\n".join(lines)
 
@@ -161,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = copy_sizes(max_bytes)
     repeats = check_count(args.repeats, "--repeats", 100)
     check_fits(2 * sizes[-1], f"bench scale with --max-bytes {args.max_bytes} (two buffers)")
-    doc = measure(max_bytes, repeats)
+    max_pages = index_sizes(args.max_pages)[-1]
+    doc = measure(max_bytes, repeats, max_pages)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
