@@ -254,6 +254,11 @@ class Batch:
     # -- questions the event loop asks ----------------------------------------------------------
     def op_done(self, op: Op) -> bool:
         """Whether every step that carries (or carried) ``op`` finished."""
+        if not op.stopped and self.submitted == self.steps and op.step_ids:
+            # Every step is recorded: its last one not finished answers no in O(1), without
+            # the lock or a pass over its steps (the common answer while it runs).
+            if not self.events[op.step_ids[-1]].query():
+                return False
         with self.lock:
             stopped = op.stopped
             included = list(op.included)
@@ -281,6 +286,8 @@ class Batch:
         """Whether the batch will run nothing more: sealed and every submitted step finished."""
         if self.finished:
             return True
+        if self.tail_pending():
+            return False
         with self.lock:
             if not self.sealed:
                 return False
@@ -288,6 +295,15 @@ class Batch:
             if any(s == 1 for s in self.step_state):
                 return False
         return all(self.events[i].query() for i in reversed(submitted))
+
+    def tail_pending(self) -> bool:
+        """Whether every step is recorded and the last one has not finished (O(1), no lock).
+
+        The direction's stream runs work in submission order, so for a load or all-layer
+        backup batch (every step recorded at submission) this also says that no batch of the
+        same kind submitted after it has finished a step: the sweep stops there.
+        """
+        return self.submitted == self.steps and not self.events[-1].query()
 
     def copy_s(self) -> float:
         total = 0.0

@@ -85,9 +85,20 @@ class Settling:
                 await anyio.sleep(delay)
 
     def _sweep(self) -> bool:
-        """Settle every operation and batch that finished; True if anything did."""
+        """Settle every operation and batch that finished; True if anything did.
+
+        Loads and all-layer backups record every step at submission and each direction's
+        stream runs in submission order: past the first batch of a kind whose last step is
+        still running, no later batch of that kind can have finished, so they are not looked
+        at (the sweep costs O(batches finished), not O(batches in flight)). Layer-wise backup
+        batches record their steps as layers are computed: always looked at.
+        """
         progressed = False
+        blocked: set[OpKind] = set()
         for batch in list(self._running):
+            kind = batch.kind
+            if kind in blocked:
+                continue
             for op in batch.ops:
                 if op.state is OperationState.RUNNING and not op.cancelling and batch.op_done(op):
                     self._settle(op)
@@ -102,6 +113,8 @@ class Settling:
             if batch.done() and not any(op.cancelling for op in batch.ops):
                 self._finish_batch(batch)
                 progressed = True
+            elif kind is not OpKind.LAYERWISE_BACKUP and batch.tail_pending():
+                blocked.add(kind)
         return progressed
 
     async def wait_operation(self, op: Op) -> None:
