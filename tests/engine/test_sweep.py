@@ -52,7 +52,8 @@ async def test_a_sweep_looks_at_no_load_batch_queued_behind_one_still_running() 
             gate.open()
             # Nobody waits: the reaper alone settles every load once the stream reaches it.
             await _until(lambda: engine.statistics().loads == 41)
-            assert len(engine.host_pins) == 0 and len(engine.device_pins) == 0
+            assert len(engine.host_pins) == 0
+            assert len(engine.device_pins) == 0
             for handle in [first, *later]:
                 await handle.wait()
                 engine.free_device(handle.device_pages)

@@ -254,11 +254,15 @@ class Batch:
     # -- questions the event loop asks ----------------------------------------------------------
     def op_done(self, op: Op) -> bool:
         """Whether every step that carries (or carried) ``op`` finished."""
-        if not op.stopped and self.submitted == self.steps and op.step_ids:
-            # Every step is recorded: its last one not finished answers no in O(1), without
-            # the lock or a pass over its steps (the common answer while it runs).
-            if not self.events[op.step_ids[-1]].query():
-                return False
+        # Every step recorded and its last one not finished: no, in O(1), without the lock or
+        # a pass over its steps (the common answer while it runs).
+        if (
+            not op.stopped
+            and self.submitted == self.steps
+            and op.step_ids
+            and not self.events[op.step_ids[-1]].query()
+        ):
+            return False
         with self.lock:
             stopped = op.stopped
             included = list(op.included)

@@ -1,6 +1,7 @@
 """How the engine's operations start (private): merged submissions onto the copy streams.
 
-- Submitting: the part of TransferEngine that submits what was prepared (one batch per kind per
+- Submitting: the part of TransferEngine that builds an operation from checked page sets
+  (its per-step page maps and bytes), submits what was prepared (one batch per kind per
   ``submit()``), orders each copy stream after its ordering points, and copies a layer-wise
   backup's layer when the forward pass reports it.
 """
@@ -14,8 +15,9 @@ from typing import Any
 import structlog
 
 from hicache.domain.errors import HiCacheError, TransferError
+from hicache.domain.pools import PoolName
 from hicache.domain.ports import Direction, PageMap, Transfer
-from hicache.engine._ops import Batch, Op, OpKind
+from hicache.engine._ops import Batch, Op, OpKind, PageDict
 from hicache.engine._settling import Settling, _Life
 from hicache.engine.stats import OperationState
 
@@ -27,6 +29,12 @@ class Submitting(Settling):
 
     _transfer: Transfer
     _next_batch: int
+    _next_op: int
+    _owners: tuple[PoolName, ...]
+    _sidecars: tuple[PoolName, ...]
+    _anchor: PoolName
+    _layer_pools: tuple[frozenset[PoolName], ...]
+    _page_layer_bytes: dict[PoolName, int]
 
     def _check_open(self, what: str) -> None:  # pragma: no cover - TransferEngine's
         raise NotImplementedError
@@ -153,3 +161,38 @@ class Submitting(Settling):
         for point in points:
             self._streams.after_compute(direction, point)
 
+    def _new_op(
+        self,
+        kind: OpKind,
+        host: PageDict,
+        device: PageDict,
+        allocated_host: bool,
+        allocated_device: bool,
+        key: tuple[tuple[PoolName, tuple[int, ...]], ...] | None,
+    ) -> Op:
+        maps = [PageMap(pool, host[pool], device[pool]) for pool in self._owners if pool in host]
+        if self._anchor in host:
+            anchor_host, anchor_device = host[self._anchor], device[self._anchor]
+            maps.extend(PageMap(side, anchor_host, anchor_device) for side in self._sidecars)
+        per_layer = [[m for m in maps if m.pool in pools] for pools in self._layer_pools]
+        # Bytes per transfer layer from the plan's geometry (what Transfer.layer_bytes reports),
+        # without a call into the copy backend per layer.
+        sizes = {m.pool: len(m) * self._page_layer_bytes[m.pool] for m in maps}
+        layer_bytes = [sum(sizes[m.pool] for m in ms) for ms in per_layer]
+        if kind is OpKind.BACKUP:
+            steps, step_bytes = [maps], [sum(layer_bytes)]
+        else:
+            steps, step_bytes = per_layer, layer_bytes
+        op = Op(
+            op_id=self._next_op,
+            kind=kind,
+            host=host,
+            device=device,
+            allocated_host=allocated_host,
+            allocated_device=allocated_device,
+            steps=steps,
+            step_bytes=step_bytes,
+            key=key,
+        )
+        self._next_op += 1
+        return op
