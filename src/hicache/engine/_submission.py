@@ -35,6 +35,7 @@ class Submitting(Settling):
     _anchor: PoolName
     _layer_pools: tuple[frozenset[PoolName], ...]
     _page_layer_bytes: dict[PoolName, int]
+    _layer_patterns: dict[tuple[PoolName, ...], tuple[tuple[int, ...], ...]]
 
     def _check_open(self, what: str) -> None:  # pragma: no cover - TransferEngine's
         raise NotImplementedError
@@ -174,11 +175,20 @@ class Submitting(Settling):
         if self._anchor in host:
             anchor_host, anchor_device = host[self._anchor], device[self._anchor]
             maps.extend(PageMap(side, anchor_host, anchor_device) for side in self._sidecars)
-        per_layer = [[m for m in maps if m.pool in pools] for pools in self._layer_pools]
+        # Which maps each transfer layer carries depends only on the pools present: worked out
+        # once per pool set, then per operation by position (no per-layer set lookups).
+        pools = tuple(m.pool for m in maps)
+        pattern = self._layer_patterns.get(pools)
+        if pattern is None:
+            pattern = tuple(
+                tuple(i for i, p in enumerate(pools) if p in layer) for layer in self._layer_pools
+            )
+            self._layer_patterns[pools] = pattern
+        per_layer = [[maps[i] for i in idx] for idx in pattern]
         # Bytes per transfer layer from the plan's geometry (what Transfer.layer_bytes reports),
         # without a call into the copy backend per layer.
-        sizes = {m.pool: len(m) * self._page_layer_bytes[m.pool] for m in maps}
-        layer_bytes = [sum(sizes[m.pool] for m in ms) for ms in per_layer]
+        sizes = [len(m) * self._page_layer_bytes[m.pool] for m in maps]
+        layer_bytes = [sum(sizes[i] for i in idx) for idx in pattern]
         if kind is OpKind.BACKUP:
             steps, step_bytes = [maps], [sum(layer_bytes)]
         else:

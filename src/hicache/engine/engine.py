@@ -128,6 +128,8 @@ class TransferEngine(Freeing, Reporting, Submitting):
             frozenset(p.name for p in plan.pools if p.binding.pool_layer(t) is not None)
             for t in range(self._layers)
         )
+        # Per set of pools an operation has: the positions of its page maps each layer carries.
+        self._layer_patterns: dict[tuple[PoolName, ...], tuple[tuple[int, ...], ...]] = {}
         self._event_sets = EventSets(streams, event_sets)
         self._life = _Life.NEW
         # anyio primitives need a running event loop: made in __aenter__, so that a composition
