@@ -1,4 +1,4 @@
-"""The reaper's sweep: its cost follows what finished, not what is in flight; nothing is skipped."""
+"""The reaper: a sweep costs what finished, not what is in flight; idle streams wake it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from hicache.adapters.streams.cpu import CpuEvent, CpuStreams
 from hicache.domain import PoolName
-from hicache.engine import OperationState
+from hicache.engine import OperationState, _ops, _settling
 from tests.engine.fakes import Rig, dense_plan
 
 KV = PoolName.KV
@@ -82,6 +82,34 @@ async def test_a_cancelled_load_behind_a_running_one_gives_its_pages_back_at_onc
             engine.free_host(first.host_pages)
             engine.free_host(host)
             await _until(lambda: engine.statistics().in_flight == 0)
+    finally:
+        rig.close_streams()
+    rig.assert_no_leaks()
+
+
+@pytest.mark.asyncio
+async def test_a_lone_load_is_settled_when_the_stream_runs_dry_not_at_the_next_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Polls 30 s apart: only the CPU stream's idle signal can end the wait within 5 s.
+    monkeypatch.setattr(_ops, "POLL_MIN_S", 30.0)
+    monkeypatch.setattr(_ops, "POLL_MAX_S", 30.0)
+    monkeypatch.setattr(_settling, "POLL_MIN_S", 30.0)
+    monkeypatch.setattr(_settling, "POLL_MAX_S", 30.0)
+    rig = Rig()
+    try:
+        async with rig.engine as engine:
+            for tag in ("a", "b", "c"):
+                host = rig.host_prefix(tag, {KV: 2})
+                handle = await engine.load(host)
+                with anyio.fail_after(5):
+                    await handle.wait()
+                assert rig.layer_ok(0, host, handle.device_pages)
+                engine.free_device(handle.device_pages)
+                engine.free_host(host)
+        # Closing removed the engine's hook from the streams.
+        assert isinstance(rig.streams, CpuStreams)
+        assert all(w.idle_hook is None for w in rig.streams._workers.values())
     finally:
         rig.close_streams()
     rig.assert_no_leaks()

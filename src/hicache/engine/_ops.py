@@ -6,7 +6,8 @@
   (per transfer layer, or one for an all-layer backup); ``run_step`` is the work the copy stream
   runs, computing which operations still take part at the moment it starts.
 - EventSets: event sets handed out per submission and reused only after every event finished.
-- wait_until: an async wait that polls a condition between checkpoints with a short backoff.
+- wait_until: an async wait that polls a condition between checkpoints with a short backoff,
+  ended early by a wake-up event when one is given.
 
 Threads: ``run_step`` runs on the copy stream's thread (the CPU worker) or on the submitting
 thread (CUDA); everything it shares with the event loop is guarded by the batch's lock.
@@ -48,12 +49,23 @@ class OpKind(enum.Enum):
         ]
 
 
-async def wait_until(done: Callable[[], bool]) -> None:
-    """Return once ``done()`` is true; checkpoints at least once; never blocks the loop."""
+async def wait_until(
+    done: Callable[[], bool], wake: Callable[[], anyio.Event | None] | None = None
+) -> None:
+    """Return once ``done()`` is true; checkpoints at least once; never blocks the loop.
+
+    Between checks it sleeps with a backoff; ``wake()``, if given, is the event that ends such
+    a sleep early (the engine sets it when a sweep settled something).
+    """
     delay = 0.0
     await anyio.lowlevel.checkpoint()
     while not done():
-        await anyio.sleep(delay)
+        event = wake() if wake is not None and delay > 0.0 else None
+        if event is None:
+            await anyio.sleep(delay)
+        else:
+            with anyio.move_on_after(delay):
+                await event.wait()
         delay = POLL_MIN_S if delay == 0.0 else min(delay * 2, POLL_MAX_S)
 
 

@@ -28,6 +28,7 @@ and ``statistics``.
 
 from __future__ import annotations
 
+import socket
 import threading
 from types import TracebackType
 
@@ -43,7 +44,7 @@ from hicache.domain.errors import (
 from hicache.domain.ledger import Ledger
 from hicache.domain.pins import PinTable
 from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
-from hicache.domain.ports import Streams, Transfer
+from hicache.domain.ports import IdleSignal, Streams, Transfer
 from hicache.domain.slots import GroupAllocator
 from hicache.engine._freeing import Freeing
 from hicache.engine._ops import Batch, EventSets, Op, OpKind, wait_until
@@ -138,6 +139,10 @@ class TransferEngine(Freeing, Reporting, Submitting):
         self._tg: anyio.abc.TaskGroup | None = None
         self._reaper_scope: anyio.CancelScope | None = None
         self._wakeup: anyio.Event | None = None
+        # Streams that signal when they ran dry (IdleSignal) wake the reaper through this
+        # socket pair (reader, writer); a sweep that settled something sets ``_progress``.
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._progress: anyio.Event | None = None
         self._queued: list[Op] = []
         self._running: list[Batch] = []
         self._inflight: dict[tuple[tuple[PoolName, tuple[int, ...]], ...], Op] = {}
@@ -177,6 +182,13 @@ class TransferEngine(Freeing, Reporting, Submitting):
         self._closed_event = anyio.Event()
         self._reaper_scope = anyio.CancelScope()
         self._wakeup = anyio.Event()
+        self._progress = anyio.Event()
+        if isinstance(self._streams, IdleSignal):
+            reader, writer = socket.socketpair()
+            reader.setblocking(False)
+            writer.setblocking(False)
+            self._wake = (reader, writer)
+            self._streams.set_idle_hook(self._poke)
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -242,12 +254,23 @@ class TransferEngine(Freeing, Reporting, Submitting):
                                 self._ledger.closing(op.id)
                             await self.abort_operation(op)
                             aborted += 1
-            await wait_until(self._drained)
+            await wait_until(self._drained, self._progress_event)
             if self._reaper_scope is not None:
                 self._reaper_scope.cancel()
+            self._unhook()
             self._life = _Life.CLOSED
             closed_event.set()
         log.info("engine_closed", engine=self._name, aborted=aborted, **self._summary())
+
+    def _unhook(self) -> None:
+        """Stop the streams' wake-ups and close the socket pair (at close)."""
+        wake, self._wake = self._wake, None
+        if wake is None:
+            return
+        if isinstance(self._streams, IdleSignal):
+            self._streams.set_idle_hook(None)
+        for sock in wake:
+            sock.close()
 
     def _drained(self) -> bool:
         self._sweep()
