@@ -22,7 +22,7 @@ from hicache.domain.errors import TransferError
 from hicache.domain.ledger import Action, Free, Ledger, Pin, PinTableKind, Side, Unpin
 from hicache.domain.pins import PinTable
 from hicache.domain.pools import PoolName
-from hicache.domain.ports import Streams
+from hicache.domain.ports import IdleSignal, Streams
 from hicache.domain.slots import GroupAllocator
 from hicache.engine._ops import POLL_MAX_S, POLL_MIN_S, Batch, EventSets, Op, OpKind, wait_until
 from hicache.engine.stats import OperationState
@@ -97,6 +97,16 @@ class Settling:
         # Full (a wake-up is pending anyway) or closed (the engine closed): nothing to do.
         with contextlib.suppress(OSError):
             wake[1].send(b"\0")
+
+    def _unhook(self) -> None:
+        """Stop the streams' wake-ups and close the socket pair (at close)."""
+        wake, self._wake = self._wake, None
+        if wake is None:
+            return
+        if isinstance(self._streams, IdleSignal):
+            self._streams.set_idle_hook(None)
+        for sock in wake:
+            sock.close()
 
     async def _nap(self, delay: float) -> None:
         """Sleep ``delay`` between sweeps, or less if the streams signal that they ran dry."""

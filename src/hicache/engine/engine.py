@@ -262,16 +262,6 @@ class TransferEngine(Freeing, Reporting, Submitting):
             closed_event.set()
         log.info("engine_closed", engine=self._name, aborted=aborted, **self._summary())
 
-    def _unhook(self) -> None:
-        """Stop the streams' wake-ups and close the socket pair (at close)."""
-        wake, self._wake = self._wake, None
-        if wake is None:
-            return
-        if isinstance(self._streams, IdleSignal):
-            self._streams.set_idle_hook(None)
-        for sock in wake:
-            sock.close()
-
     def _drained(self) -> bool:
         self._sweep()
         return not self._running
