@@ -8,6 +8,8 @@
 - Streams: dedicated copy streams per direction that run submitted work in order; hands out idle
   events and re-records finished ones; ``after_compute`` orders a copy stream after compute
   (what the caller's thread issued so far, or an explicit ordering point).
+- IdleSignal: an optional capability of Streams: call a hook from the stream's thread each time
+  a stream finished its work and has nothing queued (so a waiter need not poll).
 - OrderingPoint: what a load or backup is ordered after, in the adapter's own terms (a CUDA
   stream or event; on the CPU an object with ``wait()``, e.g. a CpuFence).
 """
@@ -143,3 +145,16 @@ class Streams(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class IdleSignal(Protocol):
+    """Optional Streams capability: a hook called when a stream ran dry.
+
+    ``hook`` (or None to remove it) is called on the stream's own thread right after a piece
+    of work finished (its event already reads as finished) and nothing else is queued on that
+    stream. It must be cheap and must not raise. Streams whose completion can only be polled
+    (CUDA events) do not offer it; the engine then polls with a short backoff.
+    """
+
+    def set_idle_hook(self, hook: Callable[[], None] | None) -> None: ...

@@ -16,7 +16,8 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
   (the anchor by default: whole pages; an independent pool: only its pages); under write_back the
   victims are backed up first (their ids are freed by that backup's completion).
 - drop(tier, keys): forget pages on a tier now (e.g. a storage MISS); returns their ids to free.
-- placement(tier, key), statistics(), validate().
+- placement(tier, key), statistics(), validate() (hicache.domain.index_pages holds the page
+  record, the counts and the invariant checks).
 
 LRU order: one TickLru slot per (tier, owning pool) (hicache.domain.lru). Pinned, in-flight
 and evicting pages carry no stamp, so eviction never picks them. match and insert touch the
@@ -31,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.hybrid import GroupRules, Restore, usable_boundary
+from hicache.domain.index_pages import PageRecord, check_invariants, count_pages
 from hicache.domain.lru import TickLru
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import (
@@ -53,22 +55,6 @@ _TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
 _CACHED = (Tier.DEVICE, Tier.HOST)  # tiers whose pages the index evicts
 
 
-class _Page:
-    __slots__ = ("at", "evicting", "hits", "key", "pending", "pins", "stamp")
-
-    def __init__(self, key: bytes, slots: int) -> None:
-        self.key = key
-        self.stamp = [0] * slots  # LRU tick per (cached tier, owning pool); 0: not evictable
-        self.at: list[dict[PoolName, int] | None] = [None, None, None]
-        self.pins = [0, 0, 0]
-        self.pending = [0, 0, 0]  # ticket id reserving this tier as a destination
-        self.evicting: list[PoolName | None] = [None, None, None]  # drop scope after copy-down
-        self.hits = 0
-
-    def idle(self) -> bool:
-        return not any(self.at) and not any(self.pending)
-
-
 class PrefixIndex:
     """Page key -> placements on three tiers, pins, LRU and write policies. See module doc."""
 
@@ -79,13 +65,13 @@ class PrefixIndex:
         self._owners = rules.owners
         self._follows = {r.pool: r.follows_anchor for r in rules.rules}
         self._trailing = {r.pool for r in rules.rules if r.restore is not Restore.ALL_PAGES}
-        self._pages: dict[bytes, _Page] = {}
+        self._pages: dict[bytes, PageRecord] = {}
         n = len(self._owners)
         self._slots = len(_CACHED) * n
         self._slot: dict[tuple[int, PoolName], int] = {
             (t, p): t * n + i for t in _CACHED for i, p in enumerate(self._owners)
         }
-        self._lru: TickLru[_Page] = TickLru(self._slots)
+        self._lru: TickLru[PageRecord] = TickLru(self._slots)
         self._tickets: dict[int, Ticket] = {}
         self._next_ticket = 1
         self._evictions = [0, 0, 0]
@@ -112,7 +98,7 @@ class PrefixIndex:
         page = self._pages.get(key)
         return page.pins[tier] if page is not None else 0
 
-    def _has(self, page: _Page, tier: int, pool: PoolName) -> bool:
+    def _has(self, page: PageRecord, tier: int, pool: PoolName) -> bool:
         at = page.at[tier]
         if at is None:
             return False
@@ -122,7 +108,7 @@ class PrefixIndex:
 
     def match(self, keys: Sequence[bytes], *, touch: bool = True) -> Match:
         """Leading pages restorable from device, from device or host, from any tier."""
-        pages: list[_Page] = []
+        pages: list[PageRecord] = []
         get = self._pages.get
         for k in keys:
             p = get(k)
@@ -163,10 +149,10 @@ class PrefixIndex:
 
     # ---- LRU -----------------------------------------------------------------------------
 
-    def _evictable(self, page: _Page, tier: int) -> bool:
+    def _evictable(self, page: PageRecord, tier: int) -> bool:
         return not page.pins[tier] and page.evicting[tier] is None and page.at[tier] is not None
 
-    def _lru_add(self, page: _Page, tier: int) -> None:
+    def _lru_add(self, page: PageRecord, tier: int) -> None:
         if tier == Tier.STORAGE or not self._evictable(page, tier):
             return
         at = page.at[tier] or {}
@@ -174,13 +160,13 @@ class PrefixIndex:
             if pool in at:
                 self._lru.stamp(page, self._slot[tier, pool])
 
-    def _lru_remove(self, page: _Page, tier: int, pools: Iterable[PoolName] | None = None) -> None:
+    def _lru_remove(self, page: PageRecord, tier: int, pools: Iterable[PoolName] | None = None) -> None:
         if tier == Tier.STORAGE:
             return
         for pool in self._owners if pools is None else pools:
             self._lru.unstamp(page, self._slot[tier, pool])
 
-    def _touch(self, pages: Sequence[_Page], *, enter: bool = False) -> None:
+    def _touch(self, pages: Sequence[PageRecord], *, enter: bool = False) -> None:
         """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
 
         ``enter``: also stamp evictable pages that have no stamp yet (new placements).
@@ -188,11 +174,11 @@ class PrefixIndex:
         for (tier, pool), slot in self._slot.items():
             if not enter and not self._lru.live(slot):
                 continue
-            seq: Iterable[_Page] = pages if pool in self._trailing else reversed(pages)
+            seq: Iterable[PageRecord] = pages if pool in self._trailing else reversed(pages)
             admit = None
             if enter:
 
-                def admit(p: _Page, tier: int = tier, pool: PoolName = pool) -> bool:
+                def admit(p: PageRecord, tier: int = tier, pool: PoolName = pool) -> bool:
                     at = p.at[tier]
                     return at is not None and pool in at and self._evictable(p, tier)
 
@@ -224,12 +210,12 @@ class PrefixIndex:
             raise ConfigError(f"insert: {len(keys)} keys with {len(placements)} placements")
         checked = [self._check_placement(w, "insert") for w in placements]
         free: list[Freed] = []
-        touched: list[_Page] = []
+        touched: list[PageRecord] = []
         dev = Tier.DEVICE
         for key, where in zip(keys, checked, strict=True):
             page = self._pages.get(key)
             if page is None:
-                page = self._pages[key] = _Page(key, self._slots)
+                page = self._pages[key] = PageRecord(key, self._slots)
             page.hits += 1
             have = page.at[dev]
             if have is None and not page.pending[dev]:
@@ -246,7 +232,7 @@ class PrefixIndex:
         store = self._wanted(touched, Tier.STORAGE)
         return Actions(backup=backup, store=store, free=tuple(free))
 
-    def _wanted(self, pages: Iterable[_Page], dest: Tier) -> tuple[PageOp, ...]:
+    def _wanted(self, pages: Iterable[PageRecord], dest: Tier) -> tuple[PageOp, ...]:
         """Pages the write-through policies want copied down to ``dest`` now."""
         limit = self.writes.threshold(dest)
         if limit is None:
@@ -264,7 +250,7 @@ class PrefixIndex:
 
     # ---- pins ------------------------------------------------------------------------------
 
-    def _page(self, key: bytes) -> _Page:
+    def _page(self, key: bytes) -> PageRecord:
         page = self._pages.get(key)
         if page is None:
             raise CacheStateError(f"page {key.hex()[:16]}… is not in the index")
@@ -300,7 +286,7 @@ class PrefixIndex:
     def _new_ticket(
         self,
         kind: OpKind,
-        pages: Sequence[_Page],
+        pages: Sequence[PageRecord],
         dests: Sequence[Placement],
     ) -> Ticket:
         src, dst = kind.source, kind.dest
@@ -361,7 +347,7 @@ class PrefixIndex:
         dests = [self._check_placement(w, "prepare_prefetch") for w in host]
         fresh = [k for k in dict.fromkeys(keys) if k not in self._pages]
         for k in fresh:
-            self._pages[k] = _Page(k, self._slots)
+            self._pages[k] = PageRecord(k, self._slots)
         try:
             return self._new_ticket(OpKind.PREFETCH, [self._pages[k] for k in keys], dests)
         except BaseException:
@@ -398,7 +384,7 @@ class PrefixIndex:
         del self._tickets[ticket.id]
         src, dst = ticket.kind.source, ticket.kind.dest
         free: list[Freed] = []
-        arrived: list[_Page] = []
+        arrived: list[PageRecord] = []
         for key, dest, good in zip(ticket.keys, ticket.dests, flags, strict=True):
             page = self._pages[key]
             page.pending[dst] = 0
@@ -435,7 +421,7 @@ class PrefixIndex:
 
     # ---- eviction ----------------------------------------------------------------------------
 
-    def _drop(self, page: _Page, tier: int, scope: PoolName) -> list[Freed]:
+    def _drop(self, page: PageRecord, tier: int, scope: PoolName) -> list[Freed]:
         """Remove ``scope``'s pages (every pool's when scope is the anchor) from ``tier``."""
         at = page.at[tier]
         if at is None:
@@ -510,53 +496,17 @@ class PrefixIndex:
     # ---- inspection ----------------------------------------------------------------------------
 
     def statistics(self) -> IndexStats:
-        on = [0, 0, 0]
-        pinned = [0, 0, 0]
-        for p in self._pages.values():
-            for t in _TIERS:
-                on[t] += p.at[t] is not None
-                pinned[t] += p.pins[t] > 0
-        return IndexStats(
-            pages=len(self._pages),
-            on_tier=(on[0], on[1], on[2]),
-            pinned=(pinned[0], pinned[1], pinned[2]),
-            in_flight=len(self._tickets),
-            evictions=(self._evictions[0], self._evictions[1], self._evictions[2]),
+        return count_pages(
+            self._pages.values(), tickets=len(self._tickets), evictions=self._evictions
         )
 
     def validate(self) -> None:
         """Check every internal invariant (O(pages)); CacheStateError names the first broken one."""
-        pending_ids = set(self._tickets)
-        for key, p in self._pages.items():
-            if p.idle():
-                raise CacheStateError(f"page {key.hex()[:16]} is on no tier and in no transfer")
-            for t in _TIERS:
-                if p.pins[t] < 0:
-                    raise CacheStateError(f"page {key.hex()[:16]}: negative pins on {t.name}")
-                if p.pending[t] and p.pending[t] not in pending_ids:
-                    raise CacheStateError(f"page {key.hex()[:16]}: stale transfer on {t.name}")
-                at = p.at[t]
-                if t != Tier.STORAGE and at is not None and self._anchor not in at:
-                    raise CacheStateError(f"page {key.hex()[:16]}: {t.name} lacks the anchor")
-            for (ct, pool), slot in self._slot.items():
-                want = self._evictable(p, ct) and pool in (p.at[ct] or {})
-                if want != bool(p.stamp[slot]):
-                    raise CacheStateError(
-                        f"page {key.hex()[:16]}: LRU of {pool.value} on {Tier(ct).name} says "
-                        f"{bool(p.stamp[slot])}, state says {want}"
-                    )
-        for (ct, pool), slot in self._slot.items():
-            live = self._lru.holds(slot)
-            stamped = [pg for pg in self._pages.values() if pg.stamp[slot]]
-            if len(stamped) != self._lru.live(slot) or any(id(pg) not in live for pg in stamped):
-                raise CacheStateError(
-                    f"LRU of {pool.value} on {Tier(ct).name} lost track of its pages"
-                )
-        for ticket in self._tickets.values():
-            src = ticket.kind.source
-            for k in ticket.keys:
-                page = self._pages.get(k)
-                if page is None or page.pending[ticket.kind.dest] != ticket.id:
-                    raise CacheStateError(f"ticket {ticket.id} lost page {k.hex()[:16]}")
-                if src != Tier.STORAGE and page.pins[src] < 1:
-                    raise CacheStateError(f"ticket {ticket.id}: source of {k.hex()[:16]} unpinned")
+        check_invariants(
+            self._pages,
+            tickets=self._tickets,
+            slots=self._slot,
+            lru=self._lru,
+            anchor=self._anchor,
+            evictable=self._evictable,
+        )

@@ -6,7 +6,8 @@
   (per transfer layer, or one for an all-layer backup); ``run_step`` is the work the copy stream
   runs, computing which operations still take part at the moment it starts.
 - EventSets: event sets handed out per submission and reused only after every event finished.
-- wait_until: an async wait that polls a condition between checkpoints with a short backoff.
+- wait_until: an async wait that polls a condition between checkpoints with a short backoff,
+  ended early by a wake-up event when one is given.
 
 Threads: ``run_step`` runs on the copy stream's thread (the CPU worker) or on the submitting
 thread (CUDA); everything it shares with the event loop is guarded by the batch's lock.
@@ -48,12 +49,23 @@ class OpKind(enum.Enum):
         ]
 
 
-async def wait_until(done: Callable[[], bool]) -> None:
-    """Return once ``done()`` is true; checkpoints at least once; never blocks the loop."""
+async def wait_until(
+    done: Callable[[], bool], wake: Callable[[], anyio.Event | None] | None = None
+) -> None:
+    """Return once ``done()`` is true; checkpoints at least once; never blocks the loop.
+
+    Between checks it sleeps with a backoff; ``wake()``, if given, is the event that ends such
+    a sleep early (the engine sets it when a sweep settled something).
+    """
     delay = 0.0
     await anyio.lowlevel.checkpoint()
     while not done():
-        await anyio.sleep(delay)
+        event = wake() if wake is not None and delay > 0.0 else None
+        if event is None:
+            await anyio.sleep(delay)
+        else:
+            with anyio.move_on_after(delay):
+                await event.wait()
         delay = POLL_MIN_S if delay == 0.0 else min(delay * 2, POLL_MAX_S)
 
 
@@ -254,6 +266,15 @@ class Batch:
     # -- questions the event loop asks ----------------------------------------------------------
     def op_done(self, op: Op) -> bool:
         """Whether every step that carries (or carried) ``op`` finished."""
+        # Every step recorded and its last one not finished: no, in O(1), without the lock or
+        # a pass over its steps (the common answer while it runs).
+        if (
+            not op.stopped
+            and self.submitted == self.steps
+            and op.step_ids
+            and not self.events[op.step_ids[-1]].query()
+        ):
+            return False
         with self.lock:
             stopped = op.stopped
             included = list(op.included)
@@ -281,6 +302,8 @@ class Batch:
         """Whether the batch will run nothing more: sealed and every submitted step finished."""
         if self.finished:
             return True
+        if self.tail_pending():
+            return False
         with self.lock:
             if not self.sealed:
                 return False
@@ -288,6 +311,15 @@ class Batch:
             if any(s == 1 for s in self.step_state):
                 return False
         return all(self.events[i].query() for i in reversed(submitted))
+
+    def tail_pending(self) -> bool:
+        """Whether every step is recorded and the last one has not finished (O(1), no lock).
+
+        The direction's stream runs work in submission order, so for a load or all-layer
+        backup batch (every step recorded at submission) this also says that no batch of the
+        same kind submitted after it has finished a step: the sweep stops there.
+        """
+        return self.submitted == self.steps and not self.events[-1].query()
 
     def copy_s(self) -> float:
         total = 0.0

@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import socket
 import time
 from collections.abc import Sequence
 
@@ -19,7 +21,7 @@ from hicache.domain.errors import TransferError
 from hicache.domain.ledger import Action, Free, Ledger, Pin, PinTableKind, Side, Unpin
 from hicache.domain.pins import PinTable
 from hicache.domain.pools import PoolName
-from hicache.domain.ports import Streams
+from hicache.domain.ports import IdleSignal, Streams
 from hicache.domain.slots import GroupAllocator
 from hicache.engine._ops import POLL_MAX_S, POLL_MIN_S, Batch, EventSets, Op, OpKind, wait_until
 from hicache.engine.logs import get_logger
@@ -46,6 +48,8 @@ class Settling:
     _queued: list[Op]
     _inflight: dict[tuple[tuple[PoolName, tuple[int, ...]], ...], Op]
     _wakeup: anyio.Event | None
+    _wake: tuple[socket.socket, socket.socket] | None
+    _progress: anyio.Event | None
     _reaper_scope: anyio.CancelScope | None
     _streams: Streams
     _layers: int
@@ -80,14 +84,67 @@ class Settling:
                     continue
                 if self._sweep():
                     delay = 0.0
+                    self._progressed()
                 else:
                     delay = POLL_MIN_S if delay == 0.0 else min(delay * 2, POLL_MAX_S)
-                await anyio.sleep(delay)
+                await self._nap(delay)
+
+    def _poke(self) -> None:
+        """The streams ran dry (called on a stream's thread): wake the reaper. Never raises."""
+        wake = self._wake
+        if wake is None:
+            return
+        # Full (a wake-up is pending anyway) or closed (the engine closed): nothing to do.
+        with contextlib.suppress(OSError):
+            wake[1].send(b"\0")
+
+    def _unhook(self) -> None:
+        """Stop the streams' wake-ups and close the socket pair (at close)."""
+        wake, self._wake = self._wake, None
+        if wake is None:
+            return
+        if isinstance(self._streams, IdleSignal):
+            self._streams.set_idle_hook(None)
+        for sock in wake:
+            sock.close()
+
+    async def _nap(self, delay: float) -> None:
+        """Sleep ``delay`` between sweeps, or less if the streams signal that they ran dry."""
+        wake = self._wake
+        if wake is None or delay == 0.0:
+            await anyio.sleep(delay)
+            return
+        with anyio.move_on_after(delay):
+            await anyio.wait_readable(wake[0])
+        with contextlib.suppress(OSError):  # BlockingIOError once drained
+            while wake[0].recv(4096):
+                pass
+
+    def _progressed(self) -> None:
+        """A sweep settled something: end the backoff sleep of every task waiting in the engine."""
+        event = self._progress
+        if event is not None:
+            self._progress = anyio.Event()
+            event.set()
+
+    def _progress_event(self) -> anyio.Event | None:
+        return self._progress
 
     def _sweep(self) -> bool:
-        """Settle every operation and batch that finished; True if anything did."""
+        """Settle every operation and batch that finished; True if anything did.
+
+        Loads and all-layer backups record every step at submission and each direction's
+        stream runs in submission order: past the first batch of a kind whose last step is
+        still running, no later batch of that kind can have finished, so they are not looked
+        at (the sweep costs O(batches finished), not O(batches in flight)). Layer-wise backup
+        batches record their steps as layers are computed: always looked at.
+        """
         progressed = False
+        blocked: set[OpKind] = set()
         for batch in list(self._running):
+            kind = batch.kind
+            if kind in blocked:
+                continue
             for op in batch.ops:
                 if op.state is OperationState.RUNNING and not op.cancelling and batch.op_done(op):
                     self._settle(op)
@@ -102,6 +159,8 @@ class Settling:
             if batch.done() and not any(op.cancelling for op in batch.ops):
                 self._finish_batch(batch)
                 progressed = True
+            elif kind is not OpKind.LAYERWISE_BACKUP and batch.tail_pending():
+                blocked.add(kind)
         return progressed
 
     async def wait_operation(self, op: Op) -> None:
@@ -111,7 +170,7 @@ class Settling:
         def finished() -> bool:
             return op.state.finished or self._settle_if_done(op)
 
-        await wait_until(finished)
+        await wait_until(finished, self._progress_event)
 
     def _settle_if_done(self, op: Op) -> bool:
         """Settle ``op`` (and its batch, if that ended too) once its steps finished."""
@@ -142,7 +201,7 @@ class Settling:
                 return self._settle_if_done(op)
             return batch.step_state[step] == 2 and batch.events[step].query()
 
-        await wait_until(ready)
+        await wait_until(ready, self._progress_event)
 
     def _settle(self, op: Op) -> None:
         """An operation's steps all finished: record the outcome, drop pins, free on failure."""
@@ -231,7 +290,7 @@ class Settling:
                 await anyio.lowlevel.checkpoint()
                 return
             if op.cancelling:  # another task is aborting it: wait for that to finish
-                await wait_until(lambda: op.state.finished)
+                await wait_until(lambda: op.state.finished, self._progress_event)
                 return
             batch = op.batch
             if batch is None:  # pragma: no cover - a running op always has its batch
@@ -241,7 +300,7 @@ class Settling:
             with batch.lock:
                 op.stopped = True
                 in_flight = len(op.included)
-            await wait_until(lambda: batch.included_done(op))
+            await wait_until(lambda: batch.included_done(op), self._progress_event)
             failed = op.failed_step is not None
             actions = self._ledger.stopped(op.id, failed=failed)
             op.state = OperationState.FAILED if failed else OperationState.CANCELLED

@@ -1,6 +1,7 @@
 """How the engine's operations start (private): merged submissions onto the copy streams.
 
-- Submitting: the part of TransferEngine that submits what was prepared (one batch per kind per
+- Submitting: the part of TransferEngine that builds an operation from checked page sets
+  (its per-step page maps and bytes), submits what was prepared (one batch per kind per
   ``submit()``), orders each copy stream after its ordering points, and copies a layer-wise
   backup's layer when the forward pass reports it.
 """
@@ -12,8 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from hicache.domain.errors import HiCacheError, TransferError
+from hicache.domain.pools import PoolName
 from hicache.domain.ports import Direction, PageMap, Transfer
-from hicache.engine._ops import Batch, Op, OpKind
+from hicache.engine._ops import Batch, Op, OpKind, PageDict
 from hicache.engine._settling import Settling, _Life
 from hicache.engine.logs import get_logger
 from hicache.engine.stats import OperationState
@@ -26,6 +28,13 @@ class Submitting(Settling):
 
     _transfer: Transfer
     _next_batch: int
+    _next_op: int
+    _owners: tuple[PoolName, ...]
+    _sidecars: tuple[PoolName, ...]
+    _anchor: PoolName
+    _layer_pools: tuple[frozenset[PoolName], ...]
+    _page_layer_bytes: dict[PoolName, int]
+    _layer_patterns: dict[tuple[PoolName, ...], tuple[tuple[int, ...], ...]]
 
     def _check_open(self, what: str) -> None:  # pragma: no cover - TransferEngine's
         raise NotImplementedError
@@ -152,3 +161,47 @@ class Submitting(Settling):
         for point in points:
             self._streams.after_compute(direction, point)
 
+    def _new_op(
+        self,
+        kind: OpKind,
+        host: PageDict,
+        device: PageDict,
+        allocated_host: bool,
+        allocated_device: bool,
+        key: tuple[tuple[PoolName, tuple[int, ...]], ...] | None,
+    ) -> Op:
+        maps = [PageMap(pool, host[pool], device[pool]) for pool in self._owners if pool in host]
+        if self._anchor in host:
+            anchor_host, anchor_device = host[self._anchor], device[self._anchor]
+            maps.extend(PageMap(side, anchor_host, anchor_device) for side in self._sidecars)
+        # Which maps each transfer layer carries depends only on the pools present: worked out
+        # once per pool set, then per operation by position (no per-layer set lookups).
+        pools = tuple(m.pool for m in maps)
+        pattern = self._layer_patterns.get(pools)
+        if pattern is None:
+            pattern = tuple(
+                tuple(i for i, p in enumerate(pools) if p in layer) for layer in self._layer_pools
+            )
+            self._layer_patterns[pools] = pattern
+        per_layer = [[maps[i] for i in idx] for idx in pattern]
+        # Bytes per transfer layer from the plan's geometry (what Transfer.layer_bytes reports),
+        # without a call into the copy backend per layer.
+        sizes = [len(m) * self._page_layer_bytes[m.pool] for m in maps]
+        layer_bytes = [sum(sizes[i] for i in idx) for idx in pattern]
+        if kind is OpKind.BACKUP:
+            steps, step_bytes = [maps], [sum(layer_bytes)]
+        else:
+            steps, step_bytes = per_layer, layer_bytes
+        op = Op(
+            op_id=self._next_op,
+            kind=kind,
+            host=host,
+            device=device,
+            allocated_host=allocated_host,
+            allocated_device=allocated_device,
+            steps=steps,
+            step_bytes=step_bytes,
+            key=key,
+        )
+        self._next_op += 1
+        return op

@@ -14,10 +14,11 @@ are freed, and pins are always dropped. With ``device_ownership="framework"`` th
 framework's allocator owns every device page: loads and backups name their device pages (any id
 in range; the engine never allocates or frees one) and only pins protect them while in flight.
 
-Modules: this one holds the public face (life cycle, prepare/load/backup, freeing pages,
-statistics); ``_submission`` starts operations (merged submissions, ordering points),
-``_settling`` ends them (settling, waits, cancellation), ``_pages`` checks page sets, ``_ops``
-holds operations and batches; slots, pins and operation states are decided by the domain's
+Modules: this one holds the public face (life cycle, prepare/load/backup); ``_submission``
+builds and starts operations (merged submissions, ordering points), ``_settling`` ends them
+(settling, waits, cancellation), ``_freeing`` checks the page sets callers pass and frees pages,
+``_reporting`` answers ``statistics``, ``_pages`` normalises page sets, ``_ops`` holds operations
+and batches; slots, pins and operation states are decided by the domain's
 ledger (hicache.domain.ledger), whose actions the engine applies.
 
 Threads: the engine's methods belong to the event loop's thread, except ``LoadHandle.wait_layer``
@@ -27,9 +28,9 @@ and ``statistics``.
 
 from __future__ import annotations
 
+import socket
 import threading
 from types import TracebackType
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -42,15 +43,17 @@ from hicache.domain.errors import (
 from hicache.domain.ledger import Ledger
 from hicache.domain.pins import PinTable
 from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
-from hicache.domain.ports import PageMap, Streams, Transfer
+from hicache.domain.ports import IdleSignal, Streams, Transfer
 from hicache.domain.slots import GroupAllocator
+from hicache.engine._freeing import Freeing
 from hicache.engine._ops import Batch, EventSets, Op, OpKind, wait_until
-from hicache.engine._pages import PageDict, PageSet, check_pairing, normalise_pages
+from hicache.engine._pages import PageDict, PageSet
+from hicache.engine._reporting import Reporting
 from hicache.engine._settling import _Life
 from hicache.engine._submission import Submitting
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
 from hicache.engine.logs import get_logger
-from hicache.engine.stats import EngineStatistics, OperationState
+from hicache.engine.stats import OperationState
 
 log = get_logger("hicache.engine")  # structlog if the app configured it, else silent stdlib
 
@@ -59,7 +62,7 @@ log = get_logger("hicache.engine")  # structlog if the app configured it, else s
 DEVICE_OWNERSHIP = ("engine", "framework")
 
 
-class TransferEngine(Submitting):
+class TransferEngine(Freeing, Reporting, Submitting):
     """Moves pages of one host group to and from one device group, layer by layer.
 
     Arguments are the group's plan, a copy backend (Transfer), copy streams (Streams) for the
@@ -126,6 +129,8 @@ class TransferEngine(Submitting):
             frozenset(p.name for p in plan.pools if p.binding.pool_layer(t) is not None)
             for t in range(self._layers)
         )
+        # Per set of pools an operation has: the positions of its page maps each layer carries.
+        self._layer_patterns: dict[tuple[PoolName, ...], tuple[tuple[int, ...], ...]] = {}
         self._event_sets = EventSets(streams, event_sets)
         self._life = _Life.NEW
         # anyio primitives need a running event loop: made in __aenter__, so that a composition
@@ -134,6 +139,10 @@ class TransferEngine(Submitting):
         self._tg: anyio.abc.TaskGroup | None = None
         self._reaper_scope: anyio.CancelScope | None = None
         self._wakeup: anyio.Event | None = None
+        # Streams that signal when they ran dry (IdleSignal) wake the reaper through this
+        # socket pair (reader, writer); a sweep that settled something sets ``_progress``.
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._progress: anyio.Event | None = None
         self._queued: list[Op] = []
         self._running: list[Batch] = []
         self._inflight: dict[tuple[tuple[PoolName, tuple[int, ...]], ...], Op] = {}
@@ -173,6 +182,13 @@ class TransferEngine(Submitting):
         self._closed_event = anyio.Event()
         self._reaper_scope = anyio.CancelScope()
         self._wakeup = anyio.Event()
+        self._progress = anyio.Event()
+        if isinstance(self._streams, IdleSignal):
+            reader, writer = socket.socketpair()
+            reader.setblocking(False)
+            writer.setblocking(False)
+            self._wake = (reader, writer)
+            self._streams.set_idle_hook(self._poke)
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -238,9 +254,10 @@ class TransferEngine(Submitting):
                                 self._ledger.closing(op.id)
                             await self.abort_operation(op)
                             aborted += 1
-            await wait_until(self._drained)
+            await wait_until(self._drained, self._progress_event)
             if self._reaper_scope is not None:
                 self._reaper_scope.cancel()
+            self._unhook()
             self._life = _Life.CLOSED
             closed_event.set()
         log.info("engine_closed", engine=self._name, aborted=aborted, **self._summary())
@@ -459,141 +476,6 @@ class TransferEngine(Submitting):
                 f"slots and pins are released, no handle is returned); "
                 f"{len(self._queued)} other operation(s) stay queued"
             ) from cause
-
-    # ---------------------------------------------------------------------------------------
-    # freeing pages
-    # ---------------------------------------------------------------------------------------
-    def free_host(self, pages: PageSet) -> None:
-        """Return host pages to their allocator; raises PinnedPageError for pinned pages."""
-        self._sweep_if_open()
-        hp = self._pages(pages, "host", self._host_slots, allocated=False)
-        self._host_pins.check_unpinned(hp, action="free")
-        self._host_slots.free(hp)
-
-    def free_device(self, pages: PageSet) -> None:
-        """Return device pages to their allocator; raises PinnedPageError for pinned pages."""
-        if self._framework_device:
-            raise ConfigError(
-                f"engine {self._name!r} does not own device pages (device_ownership="
-                f"'framework'): the framework's allocator frees them"
-            )
-        self._sweep_if_open()
-        dp = self._pages(pages, "device", self._device_slots, allocated=False)
-        self._device_pins.check_unpinned(dp, action="free")
-        self._device_slots.free(dp)
-
-    def _sweep_if_open(self) -> None:
-        if self._life in (_Life.OPEN, _Life.CLOSING):
-            self._sweep()
-
-    # ---------------------------------------------------------------------------------------
-    # statistics
-    # ---------------------------------------------------------------------------------------
-    def statistics(self) -> EngineStatistics:
-        c = self._counts
-        in_flight = sum(
-            1 for b in self._running for op in b.ops if op.state is OperationState.RUNNING
-        )
-        with self._wait_lock:
-            waited = self._waited_s
-            waits = c["layer_waits"]
-        return EngineStatistics(
-            loads=c["loads"],
-            loads_failed=c["loads_failed"],
-            loads_cancelled=c["loads_cancelled"],
-            loads_joined=c["loads_joined"],
-            backups=c["backups"],
-            backups_failed=c["backups_failed"],
-            backups_cancelled=c["backups_cancelled"],
-            submissions=c["submissions"],
-            bytes_loaded=c["bytes_loaded"],
-            bytes_backed_up=c["bytes_backed_up"],
-            load_copy_s=self._load_copy_s,
-            backup_copy_s=self._backup_copy_s,
-            exposed_wait_s=waited,
-            layer_waits=waits,
-            queued=len(self._queued),
-            in_flight=in_flight,
-            event_sets_created=self._event_sets.created,
-            event_sets_reused=self._event_sets.reused,
-        )
-
-    def _summary(self) -> dict[str, Any]:
-        s = self.statistics()
-        return {
-            "loads": s.loads,
-            "backups": s.backups,
-            "bytes_loaded": s.bytes_loaded,
-            "bytes_backed_up": s.bytes_backed_up,
-            "load_gbps": round(s.load_gbps, 3),
-            "exposed_wait_ms": round(s.exposed_wait_s * 1e3, 3),
-        }
-
-    def note_wait(self, seconds: float) -> None:
-        with self._wait_lock:
-            self._waited_s += seconds
-            self._counts["layer_waits"] += 1
-
-    # ---------------------------------------------------------------------------------------
-    # input checks and page maps
-    # ---------------------------------------------------------------------------------------
-    def _pages(
-        self, pages: PageSet, side: str, slots: GroupAllocator, *, allocated: bool = True
-    ) -> PageDict:
-        """Normalise a page set: slot-owning pools of this plan, valid ids, allocated pages."""
-        return normalise_pages(
-            pages,
-            side,
-            slots,
-            owners=self._owners,
-            sidecars=self._sidecars,
-            anchor=self._anchor,
-            allocated=allocated,
-        )
-
-    def _device_pages(self, pages: PageSet) -> PageDict:
-        """Device pages: allocated in the engine's allocator, or any in range if the framework's."""
-        return self._pages(
-            pages, "device", self._device_slots, allocated=not self._framework_device
-        )
-
-    _check_pairing = staticmethod(check_pairing)
-
-    def _new_op(
-        self,
-        kind: OpKind,
-        host: PageDict,
-        device: PageDict,
-        allocated_host: bool,
-        allocated_device: bool,
-        key: tuple[tuple[PoolName, tuple[int, ...]], ...] | None,
-    ) -> Op:
-        maps = [PageMap(pool, host[pool], device[pool]) for pool in self._owners if pool in host]
-        if self._anchor in host:
-            anchor_host, anchor_device = host[self._anchor], device[self._anchor]
-            maps.extend(PageMap(side, anchor_host, anchor_device) for side in self._sidecars)
-        per_layer = [[m for m in maps if m.pool in pools] for pools in self._layer_pools]
-        # Bytes per transfer layer from the plan's geometry (what Transfer.layer_bytes reports),
-        # without a call into the copy backend per layer.
-        sizes = {m.pool: len(m) * self._page_layer_bytes[m.pool] for m in maps}
-        layer_bytes = [sum(sizes[m.pool] for m in ms) for ms in per_layer]
-        if kind is OpKind.BACKUP:
-            steps, step_bytes = [maps], [sum(layer_bytes)]
-        else:
-            steps, step_bytes = per_layer, layer_bytes
-        op = Op(
-            op_id=self._next_op,
-            kind=kind,
-            host=host,
-            device=device,
-            allocated_host=allocated_host,
-            allocated_device=allocated_device,
-            steps=steps,
-            step_bytes=step_bytes,
-            key=key,
-        )
-        self._next_op += 1
-        return op
 
     def __repr__(self) -> str:
         running = sum(

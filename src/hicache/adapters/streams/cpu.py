@@ -5,6 +5,8 @@
   ``synchronize``.
 - CpuStreams: the Streams port on the CPU; ``submit`` appends to the direction's queue and
   returns at once, the worker runs the work in submission order.
+- CpuStreams.set_idle_hook: the IdleSignal capability: a hook called on the worker's thread
+  when it finished work and has nothing queued (the engine's wake-up, instead of polling).
 - CpuFence: an ordering point for CPU streams: the forward pass ``signal()``s it once compute
   wrote the pages; copies ordered ``after`` it wait on the copy worker, not on the caller.
 
@@ -112,6 +114,7 @@ class _Worker:
         self.stopping = False
         self.busy = False
         self.done = 0
+        self.idle_hook: Callable[[], None] | None = None
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -150,6 +153,12 @@ class _Worker:
                 self.busy = False
                 self.done += 1
                 cond.notify_all()
+                hook = None if queue else self.idle_hook
+            if hook is not None:
+                try:
+                    hook()
+                except Exception:  # a waiter's hook must not stop the stream; waiters also poll
+                    self.idle_hook = None
 
     def pending(self) -> int:
         with self.cond:
@@ -224,6 +233,12 @@ class CpuStreams:
         if self._closed:
             raise EngineClosedError(f"{self!r} is closed: cannot order {direction.value} work")
         self._workers[direction].put(wait, CpuEvent())
+
+    def set_idle_hook(self, hook: Callable[[], None] | None) -> None:
+        """Call ``hook`` on a worker's thread whenever it finished work and has none queued."""
+        for worker in self._workers.values():
+            with worker.cond:
+                worker.idle_hook = hook
 
     def pending(self, direction: Direction) -> int:
         """Work items queued or running on the direction's stream."""

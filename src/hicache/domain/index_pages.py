@@ -1,0 +1,110 @@
+"""The prefix index's per-key record and what is computed over all records (pure).
+
+- PageRecord: one page key's state in the index: placements per tier, pins, the transfer
+  reserving each tier, the pool an eviction drops after its copy-down, LRU stamps, hits.
+- count_pages(records, tickets, evictions): the IndexStats of a set of records.
+- check_invariants(records, ...): raise CacheStateError naming the first broken invariant of the
+  index (idle records, negative pins, stale or lost transfers, the anchor missing, LRU stamps
+  that disagree with the state, unpinned sources); ``PrefixIndex.validate()`` calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from hicache.domain.errors import CacheStateError
+from hicache.domain.lru import TickLru
+from hicache.domain.pools import PoolName
+from hicache.domain.tiers import IndexStats, Ticket, Tier
+
+_TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
+
+
+class PageRecord:
+    """One page key's state in the index (mutable; owned by one PrefixIndex)."""
+
+    __slots__ = ("at", "evicting", "hits", "key", "pending", "pins", "stamp")
+
+    def __init__(self, key: bytes, slots: int) -> None:
+        self.key = key
+        self.stamp = [0] * slots  # LRU tick per (cached tier, owning pool); 0: not evictable
+        self.at: list[dict[PoolName, int] | None] = [None, None, None]
+        self.pins = [0, 0, 0]
+        self.pending = [0, 0, 0]  # ticket id reserving this tier as a destination
+        self.evicting: list[PoolName | None] = [None, None, None]  # drop scope after copy-down
+        self.hits = 0
+
+    def idle(self) -> bool:
+        return not any(self.at) and not any(self.pending)
+
+
+def count_pages(
+    records: Iterable[PageRecord], *, tickets: int, evictions: list[int]
+) -> IndexStats:
+    """Pages per tier, pinned pages per tier, transfers in flight, evictions per tier."""
+    on = [0, 0, 0]
+    pinned = [0, 0, 0]
+    total = 0
+    for p in records:
+        total += 1
+        for t in _TIERS:
+            on[t] += p.at[t] is not None
+            pinned[t] += p.pins[t] > 0
+    return IndexStats(
+        pages=total,
+        on_tier=(on[0], on[1], on[2]),
+        pinned=(pinned[0], pinned[1], pinned[2]),
+        in_flight=tickets,
+        evictions=(evictions[0], evictions[1], evictions[2]),
+    )
+
+
+def check_invariants(
+    records: Mapping[bytes, PageRecord],
+    *,
+    tickets: Mapping[int, Ticket],
+    slots: Mapping[tuple[int, PoolName], int],
+    lru: TickLru[PageRecord],
+    anchor: PoolName,
+    evictable: Callable[[PageRecord, int], bool],
+) -> None:
+    """Check every invariant of an index's state (O(pages)); CacheStateError names the first.
+
+    ``slots`` maps (cached tier, owning pool) to the LRU slot; ``evictable(record, tier)`` is
+    the index's rule for a page that may carry an LRU stamp on that tier.
+    """
+    pending_ids = set(tickets)
+    for key, p in records.items():
+        if p.idle():
+            raise CacheStateError(f"page {key.hex()[:16]} is on no tier and in no transfer")
+        for t in _TIERS:
+            if p.pins[t] < 0:
+                raise CacheStateError(f"page {key.hex()[:16]}: negative pins on {t.name}")
+            if p.pending[t] and p.pending[t] not in pending_ids:
+                raise CacheStateError(f"page {key.hex()[:16]}: stale transfer on {t.name}")
+            at = p.at[t]
+            if t != Tier.STORAGE and at is not None and anchor not in at:
+                raise CacheStateError(f"page {key.hex()[:16]}: {t.name} lacks the anchor")
+        for (ct, pool), slot in slots.items():
+            want = evictable(p, ct) and pool in (p.at[ct] or {})
+            if want != bool(p.stamp[slot]):
+                raise CacheStateError(
+                    f"page {key.hex()[:16]}: LRU of {pool.value} on {Tier(ct).name} says "
+                    f"{bool(p.stamp[slot])}, state says {want}"
+                )
+    for (ct, pool), slot in slots.items():
+        live = lru.holds(slot)
+        stamped = [pg for pg in records.values() if pg.stamp[slot]]
+        if len(stamped) != lru.live(slot) or any(id(pg) not in live for pg in stamped):
+            raise CacheStateError(f"LRU of {pool.value} on {Tier(ct).name} lost track of its pages")
+    for ticket in tickets.values():
+        src = ticket.kind.source
+        for k in ticket.keys:
+            page = records.get(k)
+            if page is None or page.pending[ticket.kind.dest] != ticket.id:
+                raise CacheStateError(f"ticket {ticket.id} lost page {k.hex()[:16]}")
+            if src != Tier.STORAGE and page.pins[src] < 1:
+                raise CacheStateError(f"ticket {ticket.id}: source of {k.hex()[:16]} unpinned")
+
+
+__all__ = ["PageRecord", "check_invariants", "count_pages"]
