@@ -37,6 +37,7 @@ from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Placement, Tier
+from hicache.engine._ops import wait_until
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage, storage_boundary
 from hicache.engine.cache_values import (
@@ -282,7 +283,7 @@ class HiCache:
             if self.work.framework_device:
                 raise ConfigError(
                     "the framework owns device pages (device_ownership='framework'): pass "
-                    f"device_pages with {{p.value: n for p, n in counts.items()}} pages"
+                    "device_pages with {p.value: n for p, n in counts.items()} pages"
                 )
             ids = await self.work.allocate(Tier.DEVICE, counts)
             allocated = True
@@ -290,8 +291,8 @@ class HiCache:
             got = {PoolName(p): list(v) for p, v in device_pages.items()}
             if {p: len(v) for p, v in got.items()} != counts:
                 raise ConfigError(
-                    f"device_pages give {{p.value: len(v) for p, v in got.items()}} "
-                    f"pages; this load needs {{p.value: n for p, n in counts.items()}}"
+                    "device_pages give {p.value: len(v) for p, v in got.items()} "
+                    "pages; this load needs {p.value: n for p, n in counts.items()}"
                 )
             ids, allocated = got, False
         dests = _split(counts, ids, wants)
@@ -315,9 +316,7 @@ class HiCache:
         load = CacheLoad(match, handle)
         match.attach(load)
         match.pins.loading = True
-        if self._tg is None:  # pragma: no cover - _check_open guarantees it
-            raise EngineClosedError("the cache closed")
-        self._tg.start_soon(self._settle_load, load, handle, ticket, allocated)
+        self.work.spawn(self._settle_load, load, handle, ticket, allocated)
         return load
 
     async def _settle_load(
@@ -353,6 +352,10 @@ class HiCache:
             load.settle(error)
         if error is not None and not isinstance(error, Exception):
             raise error
+
+    async def wait_idle(self) -> None:
+        """Return once no background work (backups, storage writes, load settling) runs."""
+        await wait_until(lambda: self.work.busy == 0)
 
     def device_placements(self, match: CacheMatch) -> list[dict[PoolName, int]]:
         out: list[dict[PoolName, int]] = []

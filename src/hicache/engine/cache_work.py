@@ -90,6 +90,7 @@ class CacheWork:
         )
         self.quarantine: PageIds = {}
         self.tg: anyio.abc.TaskGroup | None = None
+        self.busy = 0  # background tasks running (backups, storage writes, load settling)
 
     def bytes_of(self, placements: Iterable[Placement]) -> int:
         total = 0
@@ -194,7 +195,7 @@ class CacheWork:
             raise
         if wait:
             return await self._settle_backup(ticket, handle)
-        self._spawn(self._settle_backup, ticket, handle)
+        self.spawn(self._settle_backup, ticket, handle)
         return {}
 
     async def _settle_backup(self, ticket: Ticket, handle: Any) -> PageIds:
@@ -228,7 +229,7 @@ class CacheWork:
         if wait:
             await self._write(ticket)
         else:
-            self._spawn(self._write, ticket)
+            self.spawn(self._write, ticket)
 
     async def _write(self, ticket: Ticket) -> None:
         storage = self.storage
@@ -248,7 +249,7 @@ class CacheWork:
                 self.counters.add("store_failures", len(ticket) - good)
                 self.free(acts.free)
 
-    def _spawn(self, func: Any, *args: Any) -> None:
+    def spawn(self, func: Any, *args: Any) -> None:
         if self.tg is None:
             raise CacheStateError("the cache is not open: enter it with 'async with cache:'")
         self.tg.start_soon(self._guarded, func, *args)
@@ -256,7 +257,10 @@ class CacheWork:
     async def _guarded(self, func: Any, *args: Any) -> None:
         """A background task: its bookkeeping is shielded; an error is logged, never raised
         into the face's task group (which would close the face)."""
+        self.busy += 1
         try:
             await func(*args)
         except Exception as e:
             log.warning("cache_background_failed", task=func.__name__, error=repr(e))
+        finally:
+            self.busy -= 1
