@@ -199,11 +199,11 @@ class CacheWork:
         return {}
 
     async def _settle_backup(self, ticket: Ticket, handle: Any) -> PageIds:
-        ok = True
+        ok = False
         try:
             await handle.wait()
+            ok = True
         except TransferError as e:
-            ok = False
             log.warning("cache_backup_failed", pages=len(ticket), error=str(e))
         finally:
             with anyio.CancelScope(shield=True):
