@@ -65,7 +65,8 @@ async def _cached(rig: Rig, cache: HiCache, pages: int, *, first: int = 0,
 def _clean(rig: Rig, cache: HiCache) -> None:
     cache.index.validate()
     s = cache.index.statistics()
-    assert s.pinned == (0, 0, 0) and s.in_flight == 0, s
+    assert s.pinned == (0, 0, 0), s
+    assert s.in_flight == 0, s
     # every host page the allocator gave out is one the index holds
     on_host = s.on_tier[1]
     used = {n: rig.host_slots.allocator(n).pages - f for n, f in rig.host_slots.free_counts().items()}
