@@ -285,3 +285,30 @@ async def test_bad_input_is_a_typed_error_naming_it() -> None:
         with pytest.raises(ConfigError, match=r"Tier\.DEVICE or Tier\.HOST"):
             await cache.evict(Tier.STORAGE, 1)
         _clean(rig, cache)
+
+
+def test_match_load_insert_from_a_plain_thread_through_the_sync_engine() -> None:
+    from hicache.engine import open_sync
+    from hicache.engine.cache_sync import open_sync_cache
+
+    rig = Rig(hybrid_plan())
+    with open_sync(rig.engine) as sync, open_sync_cache(sync, HiCache(rig.engine)) as face:
+        tokens = _tokens(2)
+        got = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
+        rig.transfer.fill_device(KV, got[KV], "s")
+        rig.transfer.fill_device(MAMBA, got[MAMBA], "s")
+        result = face.insert(tokens, {KV: list(got[KV])}, checkpoints={2: {MAMBA: got[MAMBA][0]}})
+        assert result.pages == 2
+        face.call(face.cache.wait_idle)
+        assert face.evict(Tier.DEVICE, 10).evicted == 2
+        match = face.match(tokens)
+        assert match.host_pages == 2
+        load = face.load(match)
+        for layer in range(rig.layers):
+            load.wait_layer(layer)  # on this (forward-pass) thread
+        load.wait()
+        where = face.placements(match)
+        assert rig.transfer.device[KV][0][where[0][KV]] == b"s/kv/0/" + str(got[KV][0]).encode()
+        face.release(match)
+        assert face.statistics().loads == 1
+        face.call(_clean, rig, face.cache)

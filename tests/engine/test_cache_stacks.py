@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hicache.bootstrap.cache import open_cache
+from hicache.domain import PoolName
 from hicache.domain.tiers import Tier
 from tests.engine.cache_helpers import STACKS, Request, assert_clean, poison_device, stack_plan
 
@@ -39,3 +40,29 @@ async def test_a_prefix_comes_back_byte_exact_from_host(name: str) -> None:
         assert_clean(cache)
         assert cache.statistics().hit_tokens[1] == pages * cache.page_size
     assert rt.closed
+
+
+@pytest.mark.asyncio
+async def test_a_hole_in_the_sliding_window_moves_the_boundary() -> None:
+    plan, settings = stack_plan("sliding")
+    async with open_cache(plan, backend="torch", settings=settings) as rt:
+        cache = rt.cache
+        window = cache.rules.rule(PoolName.SWA).window_pages
+        assert window == 8  # gpt-oss: 128 tokens at 16 per page
+        pages = 12
+        req = Request(rt, pages)
+        kv_ids = list(req.device[PoolName.KV])
+        swa = list(req.device[PoolName.SWA])
+        keep = set(range(pages - window, pages))  # the framework kept only the last window
+        swa_ids: list[int | None] = [p if i in keep else None for i, p in enumerate(swa[:pages])]
+        await cache.insert(req.tokens, {PoolName.KV: kv_ids, PoolName.SWA: swa_ids})
+        rt.runtime.engine.free_device({PoolName.SWA: [swa[i] for i in range(pages) if i not in keep]})
+        async with await cache.match(req.tokens) as m:
+            assert m.device_pages == pages  # the window before page 12 is whole
+        ten = req.tokens[: 10 * cache.page_size]
+        async with await cache.match(ten) as m:
+            # boundary 10 needs sliding pages 2..9 and 2, 3 are gone; no shorter boundary has
+            # a whole window either (it would need pages 0..b-1): no hit at all
+            assert m.device_pages == 0
+        await cache.wait_idle()
+        assert_clean(cache)
