@@ -106,6 +106,15 @@ class Request:
                         self.bytes[(side, page)] = fill_device(rt, side, page, rng.randrange(1 << 30))
         self.rules = cache.rules
 
+    @classmethod
+    def replay(cls, rt: CacheRuntime, other: Request) -> Request:
+        """``other`` seen from another runtime (a restart): same tokens and remembered bytes,
+        no device pages taken."""
+        req = cls.__new__(cls)
+        req.rt, req.tokens, req.pages = rt, other.tokens, other.pages
+        req.device, req.bytes, req.rules = other.device, other.bytes, rt.cache.rules
+        return req
+
     def insert_args(self) -> tuple[dict[PoolName, list[int | None]], dict[int, dict[PoolName, int]]]:
         pages: dict[PoolName, list[int | None]] = {KV: list(self.device[KV])}
         if SWA in self.device:

@@ -15,7 +15,6 @@ window pool on the window's pages before ``end``, a state pool's checkpoint at p
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -75,7 +74,7 @@ async def prefetch(
         return PrefetchResult(requested=requested, read=0, host_pages=start, page_size=ps,
                               skipped="fewer pages than prefetch_min_pages")
     if deadline is None:
-        deadline = storage.deadline_for(requested * ps, time.monotonic())
+        deadline = storage.deadline_for(requested * ps)
     wants = _wants(cache, start, end)
     batch = cache.settings.prefetch_batch_pages
     read = 0

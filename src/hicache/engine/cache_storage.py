@@ -81,8 +81,9 @@ class CacheStorage:
     async def exists_in(self, owner: PoolName, page_keys: Sequence[bytes]) -> int:
         return await self.tiers[owner].exists(page_keys)
 
-    def deadline_for(self, tokens: int, now: float) -> float | None:
-        return self.anchor_tier.deadline_for(tokens, now)
+    def deadline_for(self, tokens: int) -> float | None:
+        """The prefetch deadline of ``tokens`` tokens, on the tiers' own clock."""
+        return self.anchor_tier.deadline_for(tokens)
 
     def buffers_safe(self) -> bool:
         return all(t.buffers_safe() for t in self.tiers.values())

@@ -252,12 +252,12 @@ class CacheWork:
     def spawn(self, func: Any, *args: Any) -> None:
         if self.tg is None:
             raise CacheStateError("the cache is not open: enter it with 'async with cache:'")
+        self.busy += 1  # counted from now: wait_idle must not miss a task not yet started
         self.tg.start_soon(self._guarded, func, *args)
 
     async def _guarded(self, func: Any, *args: Any) -> None:
         """A background task: its bookkeeping is shielded; an error is logged, never raised
         into the face's task group (which would close the face)."""
-        self.busy += 1
         try:
             await func(*args)
         except Exception as e:
