@@ -166,3 +166,19 @@ def assert_clean(cache: HiCache, *, used: Mapping[PoolName, int] | None = None) 
     assert len(cache.engine.host_pins) == 0
     assert len(cache.engine.device_pins) == 0
     _ = (used, Tier)
+
+
+async def restore(rt: CacheRuntime, req: Request, pages: int) -> None:
+    """With the prefix only in storage: match (storage hint), prefetch it all, match (host
+    hit), load, and compare every byte with what the request computed."""
+    cache = rt.cache
+    poison_device(rt)
+    async with await cache.match(req.tokens) as m:
+        assert (m.device_pages, m.host_pages, m.storage_pages) == (0, 0, pages)
+        got = await cache.prefetch(m)
+        assert (got.requested, got.read, got.host_pages) == (pages, pages, pages)
+    async with await cache.match(req.tokens) as m:
+        assert m.host_pages == pages
+        load = await cache.load(m)
+        await load.wait()
+        req.check_restored(m.placements(), pages)

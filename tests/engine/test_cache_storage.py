@@ -25,27 +25,12 @@ from hicache.engine.cache_storage import CacheStorage
 from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
-from tests.engine.cache_helpers import STACKS, Request, assert_clean, poison_device, stack_plan
+from tests.engine.cache_helpers import STACKS, Request, assert_clean, restore, stack_plan
 from tests.engine.fakes import Rig, dense_plan
 from tests.storage.fakes import FakeStore
 
 KV = PoolName.KV
 STORE_THROUGH = WriteSettings(host="write_through", storage="write_through")
-
-
-async def _restore(rt, req: Request, pages: int, *, expect_storage_hint: bool) -> None:  # type: ignore[no-untyped-def]
-    cache = rt.cache
-    poison_device(rt)
-    async with await cache.match(req.tokens) as m:
-        assert (m.device_pages, m.host_pages, m.storage_pages) == (0, 0, pages)
-        got = await cache.prefetch(m)
-        assert (got.requested, got.read, got.host_pages) == (pages, pages, pages)
-    async with await cache.match(req.tokens) as m:
-        assert m.host_pages == pages
-        load = await cache.load(m)
-        await load.wait()
-        req.check_restored(m.placements(), pages)
-    assert expect_storage_hint or cache.statistics().hit_tokens[2] == pages * cache.page_size
 
 
 @pytest.mark.asyncio
@@ -66,13 +51,13 @@ async def test_a_prefix_comes_back_from_the_directory_store_after_host_eviction_
             assert cache.statistics().stored_pages == pages
             await cache.evict(Tier.DEVICE, 100)
             assert (await cache.evict(Tier.HOST, 100)).evicted == pages
-            await _restore(rt, req, pages, expect_storage_hint=True)
+            await restore(rt, req, pages)
             await cache.wait_idle()
             assert_clean(cache)
         # A new process over the same directory: nothing in its index, the store has it all.
         async with open_cache(plan, backend="torch", settings=settings, store=store) as rt2:
             again = Request.replay(rt2, req)  # what comes back is what the first run stored
-            await _restore(rt2, again, pages, expect_storage_hint=True)
+            await restore(rt2, again, pages)
             assert rt2.cache.statistics().matches == 2
             assert_clean(rt2.cache)
     finally:
