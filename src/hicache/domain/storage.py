@@ -6,6 +6,8 @@
 - PageBuffer: the bytes of one page of one pool in host memory, as one or more writable
   segments (a page of a layer-first pool is scattered over its layers).
 - StoreHealth: a frozen snapshot of a store's state (usable, and why not).
+- HostPageBuffers: the port that gives the PageBuffer of one page of one host pool (the engine
+  reads and writes host pages through it without importing the adapters).
 - Store: batch exists (a hint), batch get into host pages, batch put from host pages, remove,
   health, close. Calls are synchronous and may block: the engine calls them off its event loop.
   Every batch call takes a deadline (an absolute ``time.monotonic()`` value, or None for the
@@ -25,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from hicache.domain.errors import ConfigError
+from hicache.domain.pools import PoolName
 
 
 class StoreStatus(enum.Enum):
@@ -142,6 +145,16 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections and registrations; idempotent. Later calls answer FATAL."""
+        ...
+
+
+@runtime_checkable
+class HostPageBuffers(Protocol):
+    """The host page bytes of pool pages, as PageBuffers a Store reads into and writes from."""
+
+    def buffer(self, pool: PoolName, page: int) -> PageBuffer:
+        """The segments of page ``page`` of host pool ``pool`` (no copy); ForeignIndexError
+        for a page outside the pool, ConfigError for a pool the group does not have."""
         ...
 
 

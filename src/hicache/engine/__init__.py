@@ -6,6 +6,9 @@
 - LoadHandle / BackupHandle / LayerwiseBackupHandle: what a load or backup returns
   (hicache.engine.handles).
 - OperationState, OperationStatistics, EngineStatistics: frozen snapshots (hicache.engine.stats).
+- StorageTier / StorageTierSettings / PrefetchPolicy / StorageTierStatistics: the storage (L3)
+  tier seen from the engine: store <-> host pages off the loop, breaker, deadlines
+  (hicache.engine.storage_tier, hicache.engine.storage_settings).
 - SyncEngine / open_sync: the synchronous face, the engine on its own event-loop thread
   (hicache.engine.sync).
 
@@ -15,6 +18,12 @@ See docs/engine.md for a complete serving loop.
 from hicache.engine.engine import PageSet, TransferEngine
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
 from hicache.engine.stats import EngineStatistics, OperationState, OperationStatistics
+from hicache.engine.storage_settings import (
+    PrefetchPolicy,
+    StorageTierSettings,
+    StorageTierStatistics,
+)
+from hicache.engine.storage_tier import StorageTier
 from hicache.engine.sync import SyncEngine, open_sync
 
 __all__ = [
@@ -25,6 +34,10 @@ __all__ = [
     "OperationState",
     "OperationStatistics",
     "PageSet",
+    "PrefetchPolicy",
+    "StorageTier",
+    "StorageTierSettings",
+    "StorageTierStatistics",
     "SyncEngine",
     "TransferEngine",
     "open_sync",

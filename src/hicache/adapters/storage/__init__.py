@@ -8,6 +8,13 @@
 
 from hicache.adapters.storage.checksum import Checksum
 from hicache.adapters.storage.directory import DirectorySettings, DirectoryStore, object_name
-from hicache.adapters.storage.page_buffers import page_buffer
+from hicache.adapters.storage.page_buffers import HostGroupBuffers, page_buffer
 
-__all__ = ["Checksum", "DirectorySettings", "DirectoryStore", "object_name", "page_buffer"]
+__all__ = [
+    "Checksum",
+    "DirectorySettings",
+    "DirectoryStore",
+    "HostGroupBuffers",
+    "object_name",
+    "page_buffer",
+]

@@ -1,6 +1,7 @@
 """The bytes of one page of one host pool, as the writable segments a Store reads and writes.
 
 - page_buffer: the PageBuffer (memoryview segments, no copy) of page ``page`` of a HostPool.
+- HostGroupBuffers: the HostPageBuffers port over a materialised HostGroup.
 
 Segments come buffer by buffer (K then V for MHA; one buffer for MLA and the indexer; one per
 state tensor), and within a buffer:
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from hicache.adapters.host_pool import HostPool
-from hicache.domain import ForeignIndexError, Layout
+from hicache.adapters.host_pool import HostGroup, HostPool
+from hicache.domain import ForeignIndexError, Layout, PoolName
+from hicache.domain.storage import PageBuffer
 
 
 def _bytes_of(buf: torch.Tensor) -> memoryview:
@@ -48,3 +50,13 @@ def page_buffer(pool: HostPool, page: int) -> list[memoryview]:
             start = view.data_ptr() - base
             segments.append(whole[start : start + view.numel() * view.element_size()])
     return segments
+
+
+class HostGroupBuffers:
+    """HostPageBuffers over a materialised HostGroup: ``buffer(pool, page)`` = page_buffer."""
+
+    def __init__(self, group: HostGroup) -> None:
+        self._group = group
+
+    def buffer(self, pool: PoolName, page: int) -> PageBuffer:
+        return page_buffer(self._group.pool(pool), page)
