@@ -16,9 +16,8 @@ import pytest
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap.cache import open_cache
 from hicache.domain import PoolName
-from hicache.domain.storage import StoreStatus
 from hicache.domain.keys import chain_keys
-from hicache.domain.storage import PageBuffer
+from hicache.domain.storage import PageBuffer, StoreStatus
 from hicache.domain.tiers import Tier, WriteSettings
 from hicache.engine.cache import HiCache
 from hicache.engine.cache_storage import CacheStorage

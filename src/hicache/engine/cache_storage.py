@@ -18,12 +18,13 @@ Breakers: each tier has its own (one per owner pool on the same store); ``statis
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from hicache.domain.errors import ConfigError
 from hicache.domain.hybrid import Restore
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement
+from hicache.engine.storage_settings import StorageTierStatistics
 
 if TYPE_CHECKING:
     from hicache.engine.cache import HiCache
@@ -57,7 +58,7 @@ class TierPort(Protocol):
 
     def buffers_safe(self) -> bool: ...
 
-    def statistics(self) -> Any: ...
+    def statistics(self) -> StorageTierStatistics: ...
 
 
 class CacheStorage:
@@ -88,14 +89,12 @@ class CacheStorage:
     def buffers_safe(self) -> bool:
         return all(t.buffers_safe() for t in self.tiers.values())
 
-    def statistics(self) -> Any:
+    def statistics(self) -> StorageTierStatistics:
         return self.anchor_tier.statistics()
 
     @property
     def breaker(self) -> str:
-        snap = getattr(self.statistics(), "breaker", None)
-        state = getattr(snap, "state", snap)
-        return str(getattr(state, "value", state))
+        return self.statistics().breaker.state.value
 
     async def read(
         self, page_keys: Sequence[bytes], host: Sequence[Placement], *, deadline: float | None

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import attrs
 
@@ -21,6 +20,7 @@ from hicache.domain.hybrid import CheckpointPolicy
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import IndexStats, WriteSettings
 from hicache.domain.validators import positive_int
+from hicache.engine.storage_settings import StorageTierSettings, StorageTierStatistics
 
 
 def _writes(value: object) -> WriteSettings:
@@ -37,6 +37,13 @@ def _checkpoints(value: object) -> CheckpointPolicy:
     if isinstance(value, Mapping):
         return CheckpointPolicy(**value)
     raise ConfigError(f"checkpoints must be a CheckpointPolicy or a mapping, got {value!r}")
+
+
+def _tier_settings(_inst: object, _attr: object, value: StorageTierSettings | None) -> None:
+    if value is not None and not isinstance(value, StorageTierSettings):
+        raise ConfigError(
+            f"storage must be StorageTierSettings or None, got {type(value).__name__}"
+        )
 
 
 def _window(_inst: object, _attr: object, value: int | None) -> None:
@@ -64,7 +71,7 @@ class CacheSettings:
     sliding_window: int | None = attrs.field(default=None, validator=_window)
     prefetch_batch_pages: int = attrs.field(default=64, validator=positive_int)
     prefetch_min_pages: int = attrs.field(default=1, validator=positive_int)
-    storage: Any = None
+    storage: StorageTierSettings | None = attrs.field(default=None, validator=_tier_settings)
 
 
 @attrs.frozen(kw_only=True)
@@ -140,15 +147,12 @@ class CacheStatistics:
     bytes_stored: int
     evictions: tuple[int, int, int]
     breaker: str
-    storage: Any
+    storage: StorageTierStatistics | None
     index: IndexStats
 
     def as_json(self) -> dict[str, object]:
         out = attrs.asdict(self, recurse=False)
         out["index"] = attrs.asdict(self.index)
-        storage = self.storage
-        if storage is not None and attrs.has(type(storage)):
-            out["storage"] = attrs.asdict(storage)
-        elif storage is not None and hasattr(storage, "as_json"):
-            out["storage"] = storage.as_json()
+        if self.storage is not None:
+            out["storage"] = attrs.asdict(self.storage)
         return out
