@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hicache.bootstrap.cache import open_cache
-from hicache.domain import PoolName
+from hicache.domain import ConfigError, PoolName
 from hicache.domain.tiers import Tier
 from tests.engine.cache_helpers import STACKS, Request, assert_clean, poison_device, stack_plan
 
@@ -65,4 +65,28 @@ async def test_a_hole_in_the_sliding_window_moves_the_boundary() -> None:
             # a whole window either (it would need pages 0..b-1): no hit at all
             assert m.device_pages == 0
         await cache.wait_idle()
+        assert_clean(cache)
+
+
+@pytest.mark.asyncio
+async def test_framework_owned_device_pages_are_named_by_the_framework() -> None:
+    plan, settings = stack_plan("dense")
+    async with open_cache(
+        plan, backend="torch", settings=settings, device_ownership="framework"
+    ) as rt:
+        cache = rt.cache
+        req = Request(rt, 3)  # page ids from device_slots' ranges; the framework owns them
+        await req.insert(cache)
+        await cache.wait_idle()
+        evicted = await cache.evict(Tier.DEVICE, 10)
+        assert sorted(evicted.freed[PoolName.KV]) == sorted(req.device[PoolName.KV][:3])
+        poison_device(rt)
+        async with await cache.match(req.tokens) as m:
+            with pytest.raises(ConfigError, match="framework owns device pages"):
+                await cache.load(m)
+            target = {PoolName.KV: [12, 13, 14]}  # wherever the framework wants them
+            load = await cache.load(m, target)
+            await load.wait()
+            assert [w[PoolName.KV] for w in m.placements()] == [12, 13, 14]
+            req.check_restored(m.placements(), 3)
         assert_clean(cache)

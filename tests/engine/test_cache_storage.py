@@ -192,3 +192,65 @@ async def test_a_slow_store_becomes_a_miss_within_the_deadline() -> None:
         assert elapsed < 2.0  # the deadline plus one call in flight, not six slow calls
         store.slow(0.0)
         _clean(rig, cache)
+
+
+@pytest.mark.asyncio
+async def test_write_back_evictions_wait_for_their_copies_down_each_tier() -> None:
+    store = FakeStore()
+    rig = Rig(dense_plan())
+    tier = StorageTier(store, FakeBuffers(), {KV: "ns"}, (KV,), StorageTierSettings())
+    storage = CacheStorage({KV: tier}, anchor=KV)
+    settings = CacheSettings(writes=WriteSettings(host="write_back", storage="write_back"))
+    async with rig.engine, HiCache(rig.engine, settings=settings, storage=storage) as cache:
+        tokens = _tokens(2)
+        got = rig.device_slots.allocate({KV: 2}).pages
+        await cache.insert(tokens, {KV: list(got[KV])})
+        await cache.wait_idle()
+        assert cache.index.statistics().on_tier == (2, 0, 0)  # nothing copied down yet
+        freed = await cache.evict(Tier.DEVICE, 2)
+        assert sorted(freed.freed[KV]) == sorted(got[KV])  # after the backup finished
+        assert cache.index.statistics().on_tier == (0, 2, 0)
+        assert store.calls["put"] == 0
+        await cache.evict(Tier.HOST, 2)
+        assert cache.index.statistics().on_tier == (0, 0, 2)
+        assert len(store.objects) == 2
+        _clean(rig, cache)
+        assert (await cache.prefetch(tokens)).read == 2
+
+
+@pytest.mark.asyncio
+async def test_host_pages_of_a_store_call_that_overran_are_held_until_the_store_is_healthy() -> None:
+    store = FakeStore()
+    rig, cache = _faulty(store, batch_pages=4)
+    async with rig.engine, cache:
+        tokens = await _stored(rig, cache, 4)
+        store.slow(0.03)
+        store.unhealthy = "a call overran its deadline and still runs"
+        got = await cache.prefetch(tokens, deadline=time.monotonic() + 0.05)
+        assert got.read < 4
+        s = cache.index.statistics()
+        held = rig.host_slots.allocator(KV).used_count() - s.on_tier[1]
+        assert held == 4 - got.read  # the failed reads' host pages are not reused yet
+        store.slow(0.0)
+        store.unhealthy = None
+        (await cache.match([])).release()  # any call frees them once the store is healthy
+        _clean(rig, cache)
+
+
+@pytest.mark.asyncio
+async def test_a_prefetch_cancelled_mid_read_gives_its_host_pages_back() -> None:
+    import anyio
+
+    store = FakeStore()
+    rig, cache = _faulty(store, batch_pages=1)
+    async with rig.engine, cache:
+        tokens = await _stored(rig, cache, 4)
+        store.slow(0.02)
+        for delay in (0.0, 0.01, 0.03, 0.05):
+            with anyio.move_on_after(delay):
+                await cache.prefetch(tokens)
+            await cache.wait_idle()
+            _clean(rig, cache)  # whatever was read is on host, the rest is free
+            await cache.evict(Tier.HOST, 100)
+        store.slow(0.0)
+        assert (await cache.prefetch(tokens)).read == 4

@@ -151,6 +151,7 @@ class HiCache:
         if self._state != "open":
             raise EngineClosedError(f"the cache is {self._state}: cannot {what}")
         self._drain_orphans()
+        self.work.release_quarantine()
 
     # ---- pins of matches ---------------------------------------------------------------------
     def _orphaned(self, pins: MatchPins) -> None:
