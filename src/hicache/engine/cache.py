@@ -38,7 +38,7 @@ from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine._ops import wait_until
-from hicache.engine.cache_insert import insert_placements
+from hicache.engine.cache_insert import insert_placements, pool_name
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage, storage_boundary
 from hicache.engine.cache_values import (
@@ -290,7 +290,7 @@ class HiCache:
             ids = await self.work.allocate(Tier.DEVICE, counts)
             allocated = True
         else:
-            got = {PoolName(p): list(v) for p, v in device_pages.items()}
+            got = {pool_name(p): list(v) for p, v in device_pages.items()}
             if {p: len(v) for p, v in got.items()} != counts:
                 raise ConfigError(
                     "device_pages give {p.value: len(v) for p, v in got.items()} "

@@ -1,5 +1,6 @@
 """Checking what ``HiCache.insert`` is given and turning it into the prefix index's placements.
 
+- pool_name: a PoolName from its text (ConfigError naming an unknown one).
 - insert_placements: one placement per full page from the anchor's ids, a window pool's ids (or
   None) per page and the state checkpoints per boundary; checkpoints at boundaries the
   CheckpointPolicy does not keep come back as released ids. ConfigError names what is wrong.
@@ -14,12 +15,13 @@ from hicache.domain.hybrid import CheckpointPolicy, GroupRules, Restore
 from hicache.domain.pools import PoolName
 
 
-def _pool(value: object) -> PoolName:
+def pool_name(value: object) -> PoolName:
+    """A pool name from a PoolName or its text; ConfigError for anything else."""
     try:
         return PoolName(value)
     except ValueError:
         raise ConfigError(
-            f"insert: unknown pool {value!r}: expected one of {[p.value for p in PoolName]}"
+            f"unknown pool {value!r}: expected one of {[p.value for p in PoolName]}"
         ) from None
 
 
@@ -34,7 +36,7 @@ def insert_placements(
     """Placements of ``n`` full pages (of ``tokens`` tokens) and the checkpoint slots released."""
     windows = [r.pool for r in rules.rules if r.restore is Restore.WINDOW and not r.follows_anchor]
     states = [r.pool for r in rules.rules if r.restore is Restore.CHECKPOINT]
-    pages = {_pool(p): list(v) for p, v in device_pages.items()}
+    pages = {pool_name(p): list(v) for p, v in device_pages.items()}
     anchor = rules.anchor
     if anchor not in pages:
         raise ConfigError(f"insert: device_pages needs the anchor {anchor.value!r}")
@@ -66,15 +68,15 @@ def insert_placements(
         placements.append(where)
     released: dict[PoolName, list[int]] = {}
     for b, slots in (checkpoints or {}).items():
-        bad = [p for p in slots if _pool(p) not in states]
+        bad = [p for p in slots if pool_name(p) not in states]
         if bad or not isinstance(b, int) or not 0 < b <= n:
             raise ConfigError(
                 f"insert: checkpoint at boundary {b!r} for {list(slots)}: boundaries are "
                 f"1..{n}, pools {[p.value for p in states]}"
             )
         if policy.keeps(b, n):
-            placements[b - 1].update({_pool(p): s for p, s in slots.items()})
+            placements[b - 1].update({pool_name(p): s for p, s in slots.items()})
         else:
             for p, s in slots.items():
-                released.setdefault(_pool(p), []).append(s)
+                released.setdefault(pool_name(p), []).append(s)
     return placements, released
