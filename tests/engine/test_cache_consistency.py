@@ -312,3 +312,11 @@ def test_match_load_insert_from_a_plain_thread_through_the_sync_engine() -> None
         face.release(match)
         assert face.statistics().loads == 1
         face.call(_clean, rig, face.cache)
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_pool_in_insert_is_a_config_error() -> None:
+    rig = Rig(hybrid_plan())
+    async with rig.engine, HiCache(rig.engine) as cache:
+        with pytest.raises(ConfigError, match="unknown pool 'nope'"):
+            await cache.insert(_tokens(1), {"nope": [0]})  # type: ignore[dict-item]

@@ -38,6 +38,7 @@ from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine._ops import wait_until
+from hicache.engine.cache_insert import insert_placements, pool_name
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage, storage_boundary
 from hicache.engine.cache_values import (
@@ -289,7 +290,7 @@ class HiCache:
             ids = await self.work.allocate(Tier.DEVICE, counts)
             allocated = True
         else:
-            got = {PoolName(p): list(v) for p, v in device_pages.items()}
+            got = {pool_name(p): list(v) for p, v in device_pages.items()}
             if {p: len(v) for p, v in got.items()} != counts:
                 raise ConfigError(
                     "device_pages give {p.value: len(v) for p, v in got.items()} "
@@ -386,49 +387,14 @@ class HiCache:
         self._check_open("insert")
         keys = chain_keys(token_ids, self.page_size)
         n = len(keys)
-        pages = {PoolName(p): list(v) for p, v in device_pages.items()}
-        anchor = self.rules.anchor
-        if anchor not in pages:
-            raise ConfigError(f"insert: device_pages needs the anchor {anchor.value!r}")
-        tail = -(-len(token_ids) // self.page_size)
-        if len(pages[anchor]) not in (n, tail):
-            raise ConfigError(
-                f"insert: {len(pages[anchor])} {anchor.value!r} pages for {len(token_ids)} "
-                f"tokens: expected {n} (full pages) or {tail}"
-            )
-        for p, ids in pages.items():
-            if p is not anchor and p not in self._window_pools:
-                raise ConfigError(
-                    f"insert: pool {p.value!r} is not given per page (anchor "
-                    f"{anchor.value!r}, window pools {[w.value for w in self._window_pools]}; "
-                    "state pools go in checkpoints)"
-                )
-            if p is not anchor and len(ids) not in (n, tail):
-                raise ConfigError(f"insert: {len(ids)} {p.value!r} entries for {n} pages")
-        placements: list[dict[PoolName, int]] = []
-        for i in range(n):
-            where: dict[PoolName, int] = {}
-            for p, ids in pages.items():
-                pid = ids[i]
-                if pid is None:
-                    if p is anchor:
-                        raise ConfigError(f"insert: page {i} has no {anchor.value!r} page")
-                    continue
-                where[p] = pid
-            placements.append(where)
-        released: dict[PoolName, list[int]] = {}
-        for b, slots in (checkpoints or {}).items():
-            bad = [p for p in slots if PoolName(p) not in self._checkpoint_pools]
-            if bad or not isinstance(b, int) or not 0 < b <= n:
-                raise ConfigError(
-                    f"insert: checkpoint at boundary {b!r} for {list(slots)}: boundaries are "
-                    f"1..{n}, pools {[p.value for p in self._checkpoint_pools]}"
-                )
-            if self.settings.checkpoints.keeps(b, n):
-                placements[b - 1].update({PoolName(p): s for p, s in slots.items()})
-            else:
-                for p, s in slots.items():
-                    released.setdefault(PoolName(p), []).append(s)
+        placements, released = insert_placements(
+            self.rules,
+            self.settings.checkpoints,
+            len(token_ids),
+            n,
+            device_pages,
+            checkpoints,
+        )
         existing = [self.index.placement(Tier.DEVICE, k) for k in keys]
         acts = self.index.insert(keys, placements)
         same = {(p, pid) for e in existing if e for p, pid in e.items()}
