@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise ConfigError(
             f"--plot {args.plot}: needs matplotlib, which is not installed "
-            f"(pip install matplotlib)"
+            f"(pip install 'hicache[plot]')"
         )
     import anyio
 

@@ -172,7 +172,7 @@ async def run_cached(
             stats.bytes if stats is not None else 0,
             stats.copy_s if stats is not None else 0.0,
             sum(t1 - w0 for _, w0, t1, _ in layer_times),
-            t_match - t0,
+            t_match - t0 if prefetch else 0.0,
         )
         if times is not None:
             times.extend((i, a - t_match, b - t_match, c - t_match) for i, a, b, c in layer_times)
