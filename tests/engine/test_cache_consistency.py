@@ -320,3 +320,18 @@ async def test_an_unknown_pool_in_insert_is_a_config_error() -> None:
     async with rig.engine, HiCache(rig.engine) as cache:
         with pytest.raises(ConfigError, match="unknown pool 'nope'"):
             await cache.insert(_tokens(1), {"nope": [0]})  # type: ignore[dict-item]
+
+
+def test_a_match_released_from_a_plain_thread_is_released_on_the_loop() -> None:
+    from hicache.engine import open_sync
+    from hicache.engine.cache_sync import open_sync_cache
+
+    rig = Rig(hybrid_plan())
+    with open_sync(rig.engine) as sync, open_sync_cache(sync, HiCache(rig.engine)) as face:
+        got = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
+        face.insert(_tokens(2), {KV: list(got[KV])}, checkpoints={2: {MAMBA: got[MAMBA][0]}})
+        with face.match(_tokens(2)) as match:  # released from this thread on exit: queued
+            assert match.device_pages == 2
+        face.match([]).release()  # the next call on the loop releases it (and this one)
+        face.call(face.cache.wait_idle)
+        face.call(_clean, rig, face.cache)

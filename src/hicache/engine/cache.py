@@ -22,6 +22,7 @@ partly on the device (e.g. its KV there, its state checkpoint only on host) cann
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -102,6 +103,7 @@ class HiCache:
             if r.restore is Restore.WINDOW and not r.follows_anchor
         )
         self._orphans: deque[MatchPins] = deque()
+        self._loop_thread: int | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._state = "new"
 
@@ -115,6 +117,7 @@ class HiCache:
         await tg.__aenter__()
         self._tg = tg
         self.work.tg = tg
+        self._loop_thread = threading.get_ident()
         self._state = "open"
         log.info("cache_opened", pools=[p.value for p in self.rules.names], store=self.storage
                  is not None)
@@ -166,6 +169,11 @@ class HiCache:
 
     def release_pins(self, pins: MatchPins) -> None:
         if pins.released:
+            return
+        if self._loop_thread is not None and threading.get_ident() != self._loop_thread:
+            # Another thread (a synchronous scheduler calling match.release()): the index has
+            # one owner, so queue it; the face releases it at its next call.
+            self._orphans.append(pins)
             return
         pins.released = True
         dev, host = pins.device, pins.host
