@@ -335,3 +335,32 @@ def test_a_match_released_from_a_plain_thread_is_released_on_the_loop() -> None:
         face.match([]).release()  # the next call on the loop releases it (and this one)
         face.call(face.cache.wait_idle)
         face.call(_clean, rig, face.cache)
+
+
+@pytest.mark.asyncio
+async def test_a_boundary_one_rank_cannot_restore_is_cut_and_agreed_again() -> None:
+    group = TwoRanks()
+    rigs = [Rig(hybrid_plan()), Rig(hybrid_plan())]
+    marks = [[2, 4], [2, 3]]  # the pages each rank keeps a state checkpoint at
+    settings = CacheSettings(checkpoints=CheckpointPolicy(every_pages=1))
+    results: dict[int, int] = {}
+    async with rigs[0].engine, rigs[1].engine:
+        caches = [HiCache(r.engine, settings=settings, ranks=group.rank(i)) for i, r in enumerate(rigs)]
+        async with caches[0], caches[1]:
+            for rig, cache, mine in zip(rigs, caches, marks, strict=True):
+                got = rig.device_slots.allocate({KV: mine[-1], MAMBA: 2}).pages
+                await cache.insert(
+                    _tokens(mine[-1]), {KV: list(got[KV])},
+                    checkpoints={b: {MAMBA: s} for b, s in zip(mine, got[MAMBA], strict=True)},
+                )
+
+            async def run(i: int) -> None:
+                async with await caches[i].match(_tokens(4)) as m:
+                    results[i] = m.host_pages
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, 0)
+                tg.start_soon(run, 1)
+    # min(4, 3) = 3, which rank 0 cannot restore (no checkpoint at 3): cut to 2, agreed again
+    assert results == {0: 2, 1: 2}
+    assert group.rounds == [3, 3]
