@@ -364,3 +364,23 @@ async def test_a_boundary_one_rank_cannot_restore_is_cut_and_agreed_again() -> N
     # min(4, 3) = 3, which rank 0 cannot restore (no checkpoint at 3): cut to 2, agreed again
     assert results == {0: 2, 1: 2}
     assert group.rounds == [3, 3]
+
+
+@pytest.mark.asyncio
+async def test_two_requests_loading_the_same_prefix_copy_it_once() -> None:
+    rig = Rig(hybrid_plan(), delay_s=0.002)
+    async with rig.engine, HiCache(rig.engine) as cache:
+        tokens = await _cached(rig, cache, 2)
+        first = await cache.match(tokens)
+        second = await cache.match(tokens)
+        load1 = await cache.load(first)
+        load2 = await cache.load(second)  # waits for the first load, then takes its pages
+        await load1.wait()
+        await load2.wait()
+        assert load2.handle is None  # nothing left to copy
+        assert first.placements() == second.placements()
+        assert cache.statistics().loaded_pages == 2
+        assert len(rig.transfer.calls_of("load")) == rig.layers  # one copy per layer, once
+        first.release()
+        second.release()
+        _clean(rig, cache)

@@ -103,6 +103,7 @@ class HiCache:
             if r.restore is Restore.WINDOW and not r.follows_anchor
         )
         self._orphans: deque[MatchPins] = deque()
+        self._loading: dict[bytes, CacheLoad] = {}  # page key -> the load bringing it
         self._loop_thread: int | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._state = "new"
@@ -282,6 +283,7 @@ class HiCache:
         self._check_open("load")
         if match.released:
             raise CacheStateError(f"{match!r} was released: match again")
+        await self._join_loads(match)
         todo = [i for i, s in enumerate(match.sources) if s is Tier.HOST]
         if not todo:
             load = CacheLoad(match, None)
@@ -326,8 +328,42 @@ class HiCache:
         load = CacheLoad(match, handle)
         match.attach(load)
         match.pins.loading = True
+        for key in ticket.keys:
+            self._loading[key] = load
         self.work.spawn(self._settle_load, load, handle, ticket, allocated)
         return load
+
+    async def _join_loads(self, match: CacheMatch) -> None:
+        """Pages of ``match`` that another load is bringing to the device: wait for that load,
+        then take them from the device instead of loading them twice (pins move with them)."""
+        while True:
+            others = {
+                id(ld): ld
+                for i, key in enumerate(match.keys[: len(match.sources)])
+                if match.sources[i] is Tier.HOST and (ld := self._loading.get(key)) is not None
+            }
+            if not others:
+                return
+            for other in others.values():
+                await other.settled()
+            if match.released:
+                raise CacheStateError(f"{match!r} was released while it waited for a load")
+            sources = list(match.sources)
+            moved: list[bytes] = []
+            for i, src in enumerate(sources):
+                if src is Tier.HOST:
+                    where = self.index.placement(Tier.DEVICE, match.keys[i])
+                    if where is not None and match.needed[i] <= where.keys():
+                        moved.append(match.keys[i])
+                        sources[i] = Tier.DEVICE
+            if moved:
+                pins = match.pins
+                self.index.pin(Tier.DEVICE, moved)
+                pins.device.extend(moved)
+                self.index.unpin(Tier.HOST, moved)
+                gone = set(moved)
+                pins.host = [k for k in pins.host if k not in gone]
+            match.set_sources(sources)
 
     async def _settle_load(
         self, load: CacheLoad, handle: LoadHandle, ticket: Any, allocated: bool
@@ -340,6 +376,9 @@ class HiCache:
         with anyio.CancelScope(shield=True):
             match = load.match
             match.pins.loading = False
+            for key in ticket.keys:
+                if self._loading.get(key) is load:
+                    del self._loading[key]
             if error is None:
                 self.index.complete(ticket, True)
                 self.counters.add("loads")
