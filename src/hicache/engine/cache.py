@@ -26,7 +26,6 @@ import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -40,6 +39,7 @@ from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine._ops import wait_until
 from hicache.engine.cache_insert import insert_placements, pool_name
+from hicache.engine.cache_load import join_loads, settle_load
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage, storage_boundary
 from hicache.engine.cache_values import (
@@ -51,7 +51,6 @@ from hicache.engine.cache_values import (
 )
 from hicache.engine.cache_work import CacheWork, Counters, _split
 from hicache.engine.engine import TransferEngine
-from hicache.engine.handles import LoadHandle
 from hicache.engine.ranks import RankAgreement, SingleProcess
 
 log = structlog.get_logger("hicache.cache")
@@ -103,7 +102,7 @@ class HiCache:
             if r.restore is Restore.WINDOW and not r.follows_anchor
         )
         self._orphans: deque[MatchPins] = deque()
-        self._loading: dict[bytes, CacheLoad] = {}  # page key -> the load bringing it
+        self.loading: dict[bytes, CacheLoad] = {}  # page key -> the load bringing it to device
         self._loop_thread: int | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._state = "new"
@@ -283,7 +282,7 @@ class HiCache:
         self._check_open("load")
         if match.released:
             raise CacheStateError(f"{match!r} was released: match again")
-        await self._join_loads(match)
+        await join_loads(self, match)
         todo = [i for i, s in enumerate(match.sources) if s is Tier.HOST]
         if not todo:
             load = CacheLoad(match, None)
@@ -329,78 +328,9 @@ class HiCache:
         match.attach(load)
         match.pins.loading = True
         for key in ticket.keys:
-            self._loading[key] = load
-        self.work.spawn(self._settle_load, load, handle, ticket, allocated)
+            self.loading[key] = load
+        self.work.spawn(settle_load, self, load, handle, ticket, allocated)
         return load
-
-    async def _join_loads(self, match: CacheMatch) -> None:
-        """Pages of ``match`` that another load is bringing to the device: wait for that load,
-        then take them from the device instead of loading them twice (pins move with them)."""
-        while True:
-            others = {
-                id(ld): ld
-                for i, key in enumerate(match.keys[: len(match.sources)])
-                if match.sources[i] is Tier.HOST and (ld := self._loading.get(key)) is not None
-            }
-            if not others:
-                return
-            for other in others.values():
-                await other.settled()
-            if match.released:
-                raise CacheStateError(f"{match!r} was released while it waited for a load")
-            sources = list(match.sources)
-            moved: list[bytes] = []
-            for i, src in enumerate(sources):
-                if src is Tier.HOST:
-                    where = self.index.placement(Tier.DEVICE, match.keys[i])
-                    if where is not None and match.needed[i] <= where.keys():
-                        moved.append(match.keys[i])
-                        sources[i] = Tier.DEVICE
-            if moved:
-                pins = match.pins
-                self.index.pin(Tier.DEVICE, moved)
-                pins.device.extend(moved)
-                self.index.unpin(Tier.HOST, moved)
-                gone = set(moved)
-                pins.host = [k for k in pins.host if k not in gone]
-            match.set_sources(sources)
-
-    async def _settle_load(
-        self, load: CacheLoad, handle: LoadHandle, ticket: Any, allocated: bool
-    ) -> None:
-        error: BaseException | None = None
-        try:
-            await handle.wait()
-        except BaseException as e:
-            error = e
-        with anyio.CancelScope(shield=True):
-            match = load.match
-            match.pins.loading = False
-            for key in ticket.keys:
-                if self._loading.get(key) is load:
-                    del self._loading[key]
-            if error is None:
-                self.index.complete(ticket, True)
-                self.counters.add("loads")
-                self.counters.add("loaded_pages", len(ticket))
-                self.counters.add("bytes_loaded", self.work.bytes_of(ticket.dests))
-                pins = match.pins
-                if not pins.released:
-                    # The match now holds the loaded pages on the device instead of on host.
-                    self.index.pin(Tier.DEVICE, ticket.keys)
-                    pins.device.extend(ticket.keys)
-                    loaded = set(ticket.keys)
-                    still = [k for k in pins.host if k not in loaded]
-                    self.index.unpin(Tier.HOST, [k for k in pins.host if k in loaded])
-                    pins.host = still
-                match.set_sources([Tier.DEVICE] * len(match.sources))
-            else:
-                acts = self.index.abort(ticket)
-                self.work.free(f for f in acts.free if allocated or f.tier is not Tier.DEVICE)
-                self.counters.add("loads_failed")
-            load.settle(error)
-        if error is not None and not isinstance(error, Exception):
-            raise error
 
     async def wait_idle(self) -> None:
         """Return once no background work (backups, storage writes, load settling) runs."""
