@@ -101,6 +101,7 @@ class HiCache:
             r.pool for r in self.rules.rules
             if r.restore is Restore.WINDOW and not r.follows_anchor
         )
+        self._single_owner = len(self.rules.owners) == 1
         self._orphans: deque[MatchPins] = deque()
         self.loading: dict[bytes, CacheLoad] = {}  # page key -> the load bringing it to device
         self._loop_thread: int | None = None
@@ -200,11 +201,17 @@ class HiCache:
         return usable_boundary(self.rules, n, has)
 
     def _needed(self, boundary: int) -> list[frozenset[PoolName]]:
-        sets: list[set[PoolName]] = [set() for _ in range(boundary)]
-        for r in self.rules.rules:
-            for i in needed_pages(self.rules, r.pool, boundary):
-                sets[i].add(self._owner[r.pool])
-        return [frozenset(s) for s in sets]
+        """The slot-owning pools page i must restore for a hit of ``boundary`` pages."""
+        rules = self.rules
+        base = frozenset(
+            self._owner[r.pool] for r in rules.rules if r.restore is Restore.ALL_PAGES
+        )
+        out = [base] * boundary
+        for r in rules.rules:
+            if r.restore is not Restore.ALL_PAGES:
+                for i in needed_pages(rules, r.pool, boundary):
+                    out[i] = out[i] | {self._owner[r.pool]}
+        return out
 
     async def match(self, token_ids: Sequence[int]) -> CacheMatch:
         """The agreed, pinned hit of ``token_ids`` (see CacheMatch)."""
@@ -212,18 +219,23 @@ class HiCache:
         keys = chain_keys(token_ids, self.page_size)
         m = self.index.match(keys)
         dev_at = [self.index.placement(Tier.DEVICE, k) for k in keys[: m.host_pages]]
-        host_at = [self.index.placement(Tier.HOST, k) for k in keys[: m.host_pages]]
-        d = self._boundary(m.device_pages, dev_at, None)
-        h = self._boundary(m.host_pages, dev_at, host_at)
+        if self._single_owner:
+            # Every placement holds the one owner: the index's boundaries are the loadable ones.
+            host_at: list[Placement | None] = []
+            d, h = m.device_pages, m.host_pages
+        else:
+            host_at = [self.index.placement(Tier.HOST, k) for k in keys[: m.host_pages]]
+            d = self._boundary(m.device_pages, dev_at, None)
+            h = self._boundary(m.host_pages, dev_at, host_at)
         s = max(h, m.storage_pages)
         if self.storage is not None:
             s = await storage_boundary(self, keys, s)
-        local = (d, h, s)
-        agreed = await self.ranks.agree_min(local)
+        agreed = await self.ranks.agree_min((d, h, s))
         # A boundary another rank chose may not be restorable here (hybrid rules): cut it to
         # one that is and agree again, until two agreements in a row are equal (every rank
-        # then stops at the same round, with a boundary every rank can restore).
-        while True:
+        # then stops at the same round, with a boundary every rank can restore). When every
+        # pool restores all pages, any shorter prefix of a usable hit is usable: one round.
+        while not self.rules.is_plain:
             nd = self._boundary(min(agreed[0], d), dev_at, None)
             nh = self._boundary(min(agreed[1], h), dev_at, host_at)
             ns = min(agreed[2], s)
