@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
 
 import torch
 
@@ -157,15 +156,18 @@ def window_pages(cache: HiCache) -> int:
     return max((r.window_pages for r in cache.rules.rules if r.restore is Restore.WINDOW), default=0)
 
 
-def assert_clean(cache: HiCache, *, used: Mapping[PoolName, int] | None = None) -> None:
-    """No pins anywhere, the index's invariants hold, nothing in flight."""
+def assert_clean(cache: HiCache) -> None:
+    """No pins anywhere, the index's invariants hold, nothing in flight, and every host page
+    the allocator gave out is one the index holds (nothing leaked)."""
     cache.index.validate()
     stats = cache.index.statistics()
     assert stats.pinned == (0, 0, 0), stats
     assert stats.in_flight == 0, stats
     assert len(cache.engine.host_pins) == 0
     assert len(cache.engine.device_pins) == 0
-    _ = (used, Tier)
+    host = cache.engine.host_slots
+    anchor = cache.rules.anchor
+    assert host.allocator(anchor).used_count() == stats.on_tier[Tier.HOST]
 
 
 async def restore(rt: CacheRuntime, req: Request, pages: int) -> None:

@@ -320,3 +320,67 @@ async def test_an_unknown_pool_in_insert_is_a_config_error() -> None:
     async with rig.engine, HiCache(rig.engine) as cache:
         with pytest.raises(ConfigError, match="unknown pool 'nope'"):
             await cache.insert(_tokens(1), {"nope": [0]})  # type: ignore[dict-item]
+
+
+def test_a_match_released_from_a_plain_thread_is_released_on_the_loop() -> None:
+    from hicache.engine import open_sync
+    from hicache.engine.cache_sync import open_sync_cache
+
+    rig = Rig(hybrid_plan())
+    with open_sync(rig.engine) as sync, open_sync_cache(sync, HiCache(rig.engine)) as face:
+        got = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
+        face.insert(_tokens(2), {KV: list(got[KV])}, checkpoints={2: {MAMBA: got[MAMBA][0]}})
+        with face.match(_tokens(2)) as match:  # released from this thread on exit: queued
+            assert match.device_pages == 2
+        face.match([]).release()  # the next call on the loop releases it (and this one)
+        face.call(face.cache.wait_idle)
+        face.call(_clean, rig, face.cache)
+
+
+@pytest.mark.asyncio
+async def test_a_boundary_one_rank_cannot_restore_is_cut_and_agreed_again() -> None:
+    group = TwoRanks()
+    rigs = [Rig(hybrid_plan()), Rig(hybrid_plan())]
+    marks = [[2, 4], [2, 3]]  # the pages each rank keeps a state checkpoint at
+    settings = CacheSettings(checkpoints=CheckpointPolicy(every_pages=1))
+    results: dict[int, int] = {}
+    async with rigs[0].engine, rigs[1].engine:
+        caches = [HiCache(r.engine, settings=settings, ranks=group.rank(i)) for i, r in enumerate(rigs)]
+        async with caches[0], caches[1]:
+            for rig, cache, mine in zip(rigs, caches, marks, strict=True):
+                got = rig.device_slots.allocate({KV: mine[-1], MAMBA: 2}).pages
+                await cache.insert(
+                    _tokens(mine[-1]), {KV: list(got[KV])},
+                    checkpoints={b: {MAMBA: s} for b, s in zip(mine, got[MAMBA], strict=True)},
+                )
+
+            async def run(i: int) -> None:
+                async with await caches[i].match(_tokens(4)) as m:
+                    results[i] = m.host_pages
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, 0)
+                tg.start_soon(run, 1)
+    # min(4, 3) = 3, which rank 0 cannot restore (no checkpoint at 3): cut to 2, agreed again
+    assert results == {0: 2, 1: 2}
+    assert group.rounds == [3, 3]
+
+
+@pytest.mark.asyncio
+async def test_two_requests_loading_the_same_prefix_copy_it_once() -> None:
+    rig = Rig(hybrid_plan(), delay_s=0.002)
+    async with rig.engine, HiCache(rig.engine) as cache:
+        tokens = await _cached(rig, cache, 2)
+        first = await cache.match(tokens)
+        second = await cache.match(tokens)
+        load1 = await cache.load(first)
+        load2 = await cache.load(second)  # waits for the first load, then takes its pages
+        await load1.wait()
+        await load2.wait()
+        assert load2.handle is None  # nothing left to copy
+        assert first.placements() == second.placements()
+        assert cache.statistics().loaded_pages == 2
+        assert len(rig.transfer.calls_of("load")) == rig.layers  # one copy per layer, once
+        first.release()
+        second.release()
+        _clean(rig, cache)

@@ -90,3 +90,30 @@ async def test_framework_owned_device_pages_are_named_by_the_framework() -> None
             assert [w[PoolName.KV] for w in m.placements()] == [12, 13, 14]
             req.check_restored(m.placements(), 3)
         assert_clean(cache)
+
+
+def test_the_cache_runtime_served_from_plain_threads() -> None:
+    from hicache.engine import open_sync
+    from hicache.engine.cache_sync import open_sync_cache
+
+    plan, settings = stack_plan("state")
+    rt = open_cache(plan, backend="torch", settings=settings)  # not entered: the sync face runs it
+    with open_sync(rt.engine) as sync, open_sync_cache(sync, rt.cache) as cache:
+        req = Request(rt, 2)
+        pages, checkpoints = req.insert_args()
+        cache.insert(req.tokens, pages, checkpoints=checkpoints)
+        cache.call(rt.cache.wait_idle)
+        cache.evict(Tier.DEVICE, 10)
+        poison_device(rt)
+        match = cache.match(req.tokens)
+        assert match.host_pages == 2
+        load = cache.load(match)
+        for layer in range(plan.transfer_layers):
+            load.wait_layer(layer)
+        load.wait()
+        req.check_restored(cache.placements(match), 2)
+        cache.release(match)
+        cache.call(assert_clean, rt.cache)
+    rt.close()
+    assert rt.closed
+    assert rt.runtime.closed

@@ -7,6 +7,7 @@ FakeStore behind a real StorageTier (hicache.engine.storage_tier).
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -176,6 +177,9 @@ async def test_fatal_answers_open_the_breaker_and_a_cool_down_closes_it() -> Non
             assert (await cache.prefetch(m)).read == 2
         assert cache.statistics().breaker == "closed"
         _clean(rig, cache)
+        doc = json.loads(json.dumps(cache.statistics().as_json()))
+        assert doc["storage"]["breaker"]["trips"] == 1
+        assert doc["breaker"] == "closed"
 
 
 @pytest.mark.asyncio

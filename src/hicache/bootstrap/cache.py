@@ -4,6 +4,7 @@
   any), the storage tiers and the HiCache of one host group plan; ``async with`` opens them in
   order and closes them in reverse, exactly once (the cache drains its background writes
   first, then the engine, then the store, then the pools).
+- CacheRuntime.close(): the synchronous close, after a SyncEngine / SyncCache ran it.
 - open_cache: build a CacheRuntime: ``open_runtime`` + ``open_store`` (or a given Store) +
   ``HostGroupBuffers`` + one ``StorageTier`` per slot-owning pool + ``HiCache``.
 """
@@ -20,6 +21,7 @@ from hicache.domain.storage import Store
 from hicache.engine.cache import HiCache
 from hicache.engine.cache_storage import CacheStorage, TierPort
 from hicache.engine.cache_values import CacheSettings
+from hicache.engine.engine import TransferEngine
 from hicache.engine.ranks import RankAgreement
 
 
@@ -47,7 +49,7 @@ class CacheRuntime:
         return self.runtime.plan
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> TransferEngine:
         return self.runtime.engine
 
     @property
@@ -95,6 +97,18 @@ class CacheRuntime:
                     self._close_store()
                 finally:
                     await self.runtime.aclose()
+
+    def close(self) -> None:
+        """Synchronous close, for a runtime driven through the synchronous face: after the
+        SyncCache and the SyncEngine closed (the cache and the engine), close the store this
+        runtime opened and the pools. Idempotent; ``aclose`` does all of it for async users."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._close_store()
+        finally:
+            self.runtime._close_resources()
 
     def _close_store(self) -> None:
         if self._owns_store and self.store is not None:

@@ -22,10 +22,10 @@ partly on the device (e.g. its KV there, its state checkpoint only on host) cann
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -39,6 +39,7 @@ from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine._ops import wait_until
 from hicache.engine.cache_insert import insert_placements, pool_name
+from hicache.engine.cache_load import join_loads, settle_load
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage, storage_boundary
 from hicache.engine.cache_values import (
@@ -50,7 +51,6 @@ from hicache.engine.cache_values import (
 )
 from hicache.engine.cache_work import CacheWork, Counters, _split
 from hicache.engine.engine import TransferEngine
-from hicache.engine.handles import LoadHandle
 from hicache.engine.ranks import RankAgreement, SingleProcess
 
 log = structlog.get_logger("hicache.cache")
@@ -101,7 +101,10 @@ class HiCache:
             r.pool for r in self.rules.rules
             if r.restore is Restore.WINDOW and not r.follows_anchor
         )
+        self._single_owner = len(self.rules.owners) == 1
         self._orphans: deque[MatchPins] = deque()
+        self.loading: dict[bytes, CacheLoad] = {}  # page key -> the load bringing it to device
+        self._loop_thread: int | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._state = "new"
 
@@ -115,6 +118,7 @@ class HiCache:
         await tg.__aenter__()
         self._tg = tg
         self.work.tg = tg
+        self._loop_thread = threading.get_ident()
         self._state = "open"
         log.info("cache_opened", pools=[p.value for p in self.rules.names], store=self.storage
                  is not None)
@@ -167,6 +171,11 @@ class HiCache:
     def release_pins(self, pins: MatchPins) -> None:
         if pins.released:
             return
+        if self._loop_thread is not None and threading.get_ident() != self._loop_thread:
+            # Another thread (a synchronous scheduler calling match.release()): the index has
+            # one owner, so queue it; the face releases it at its next call.
+            self._orphans.append(pins)
+            return
         pins.released = True
         dev, host = pins.device, pins.host
         pins.device, pins.host = [], []
@@ -192,11 +201,17 @@ class HiCache:
         return usable_boundary(self.rules, n, has)
 
     def _needed(self, boundary: int) -> list[frozenset[PoolName]]:
-        sets: list[set[PoolName]] = [set() for _ in range(boundary)]
-        for r in self.rules.rules:
-            for i in needed_pages(self.rules, r.pool, boundary):
-                sets[i].add(self._owner[r.pool])
-        return [frozenset(s) for s in sets]
+        """The slot-owning pools page i must restore for a hit of ``boundary`` pages."""
+        rules = self.rules
+        base = frozenset(
+            self._owner[r.pool] for r in rules.rules if r.restore is Restore.ALL_PAGES
+        )
+        out = [base] * boundary
+        for r in rules.rules:
+            if r.restore is not Restore.ALL_PAGES:
+                for i in needed_pages(rules, r.pool, boundary):
+                    out[i] = out[i] | {self._owner[r.pool]}
+        return out
 
     async def match(self, token_ids: Sequence[int]) -> CacheMatch:
         """The agreed, pinned hit of ``token_ids`` (see CacheMatch)."""
@@ -204,18 +219,23 @@ class HiCache:
         keys = chain_keys(token_ids, self.page_size)
         m = self.index.match(keys)
         dev_at = [self.index.placement(Tier.DEVICE, k) for k in keys[: m.host_pages]]
-        host_at = [self.index.placement(Tier.HOST, k) for k in keys[: m.host_pages]]
-        d = self._boundary(m.device_pages, dev_at, None)
-        h = self._boundary(m.host_pages, dev_at, host_at)
+        if self._single_owner:
+            # Every placement holds the one owner: the index's boundaries are the loadable ones.
+            host_at: list[Placement | None] = []
+            d, h = m.device_pages, m.host_pages
+        else:
+            host_at = [self.index.placement(Tier.HOST, k) for k in keys[: m.host_pages]]
+            d = self._boundary(m.device_pages, dev_at, None)
+            h = self._boundary(m.host_pages, dev_at, host_at)
         s = max(h, m.storage_pages)
         if self.storage is not None:
             s = await storage_boundary(self, keys, s)
-        local = (d, h, s)
-        agreed = await self.ranks.agree_min(local)
+        agreed = await self.ranks.agree_min((d, h, s))
         # A boundary another rank chose may not be restorable here (hybrid rules): cut it to
         # one that is and agree again, until two agreements in a row are equal (every rank
-        # then stops at the same round, with a boundary every rank can restore).
-        while True:
+        # then stops at the same round, with a boundary every rank can restore). When every
+        # pool restores all pages, any shorter prefix of a usable hit is usable: one round.
+        while not self.rules.is_plain:
             nd = self._boundary(min(agreed[0], d), dev_at, None)
             nh = self._boundary(min(agreed[1], h), dev_at, host_at)
             ns = min(agreed[2], s)
@@ -274,6 +294,7 @@ class HiCache:
         self._check_open("load")
         if match.released:
             raise CacheStateError(f"{match!r} was released: match again")
+        await join_loads(self, match)
         todo = [i for i, s in enumerate(match.sources) if s is Tier.HOST]
         if not todo:
             load = CacheLoad(match, None)
@@ -318,42 +339,10 @@ class HiCache:
         load = CacheLoad(match, handle)
         match.attach(load)
         match.pins.loading = True
-        self.work.spawn(self._settle_load, load, handle, ticket, allocated)
+        for key in ticket.keys:
+            self.loading[key] = load
+        self.work.spawn(settle_load, self, load, handle, ticket, allocated)
         return load
-
-    async def _settle_load(
-        self, load: CacheLoad, handle: LoadHandle, ticket: Any, allocated: bool
-    ) -> None:
-        error: BaseException | None = None
-        try:
-            await handle.wait()
-        except BaseException as e:
-            error = e
-        with anyio.CancelScope(shield=True):
-            match = load.match
-            match.pins.loading = False
-            if error is None:
-                self.index.complete(ticket, True)
-                self.counters.add("loads")
-                self.counters.add("loaded_pages", len(ticket))
-                self.counters.add("bytes_loaded", self.work.bytes_of(ticket.dests))
-                pins = match.pins
-                if not pins.released:
-                    # The match now holds the loaded pages on the device instead of on host.
-                    self.index.pin(Tier.DEVICE, ticket.keys)
-                    pins.device.extend(ticket.keys)
-                    loaded = set(ticket.keys)
-                    still = [k for k in pins.host if k not in loaded]
-                    self.index.unpin(Tier.HOST, [k for k in pins.host if k in loaded])
-                    pins.host = still
-                match.set_sources([Tier.DEVICE] * len(match.sources))
-            else:
-                acts = self.index.abort(ticket)
-                self.work.free(f for f in acts.free if allocated or f.tier is not Tier.DEVICE)
-                self.counters.add("loads_failed")
-            load.settle(error)
-        if error is not None and not isinstance(error, Exception):
-            raise error
 
     async def wait_idle(self) -> None:
         """Return once no background work (backups, storage writes, load settling) runs."""

@@ -178,6 +178,10 @@ class CacheLoad:
         self._error = error
         self._settled.set()
 
+    async def settled(self) -> None:
+        """Wait until the face finished with this load (registered or rolled back)."""
+        await self._settled.wait()
+
     @property
     def finished(self) -> bool:
         return self._settled.is_set()

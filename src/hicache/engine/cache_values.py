@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 
 import attrs
@@ -151,8 +152,17 @@ class CacheStatistics:
     index: IndexStats
 
     def as_json(self) -> dict[str, object]:
+        """A dict of plain values (json.dumps takes it): enums as their values."""
         out = attrs.asdict(self, recurse=False)
         out["index"] = attrs.asdict(self.index)
         if self.storage is not None:
-            out["storage"] = attrs.asdict(self.storage)
+            out["storage"] = attrs.asdict(self.storage, value_serializer=_plain)
         return out
+
+
+def _plain(_inst: object, _field: object, value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
