@@ -1,4 +1,5 @@
-"""`hicache demo`: a tiny run's JSON document and summary, and bad flags as one-line errors."""
+"""`hicache demo`: a tiny run's JSON document and summary (storage none, directory), --plot's
+PNG, exit 1 when a cached run differs, and bad flags as one-line errors."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ TINY = ["--prefix-tokens", "128", "--turns", "1"]
 
 
 def test_json_document_reports_both_runs_identical(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--json", *TINY]) == 0
+    assert main(["demo", "--json", "--storage", "none", *TINY]) == 0
     out, err = capsys.readouterr()
     lines = out.strip().splitlines()
     assert len(lines) == 1  # one JSON document, progress went to stderr
@@ -34,22 +35,64 @@ def test_json_document_reports_both_runs_identical(capsys: pytest.CaptureFixture
     # turn 1 and the branch both hit the 128-token system prompt
     assert [r["hit_tokens"] for r in doc["runs"]] == [128, 128]
     assert doc["hit_tokens"] == 256
+    assert 0.0 <= doc["exposed_fraction"] <= 1.0
+    assert doc["storage"] == "none"
     assert "turn 1" in err
 
 
+def test_the_default_directory_store_gives_a_storage_hit_and_removes_its_folder(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    made: list[str] = []
+    real = tempfile.TemporaryDirectory
+
+    def tracking(*args: object, **kw: object) -> tempfile.TemporaryDirectory[str]:
+        t = real(*args, **kw)  # type: ignore[call-overload]
+        made.append(t.name)
+        return t  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", tracking)
+    assert main(["demo", "--json", *TINY]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["storage"] == "directory"
+    assert doc["ttft_ms"]["storage_hit"] > 0
+    assert doc["tokens_identical"] is True
+    assert doc["max_abs_diff"] <= 1e-5
+    assert all(r["ttft_ms"]["storage_hit"] is not None for r in doc["runs"])
+    assert 0.0 <= doc["exposed_fraction"] <= 1.0
+    demo_dirs = [d for d in made if "hicache-demo-" in d]
+    assert len(demo_dirs) == 1
+    assert not Path(demo_dirs[0]).exists()
+
+
+def test_plot_writes_a_png_timeline(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "timeline.png"
+    assert main(["demo", "--storage", "none", "--plot", str(out), *TINY]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width >= 600
+    assert height >= 300
+    assert "timeline written to" in capsys.readouterr().err
+
+
 def test_summary_table_by_default(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", *TINY]) == 0
+    assert main(["demo", "--storage", "none", *TINY]) == 0
     out, _ = capsys.readouterr()
     assert "recompute ms" in out
+    assert "storage hit ms" in out
     assert "branch" in out
     assert "greedy tokens identical" in out
+    assert "storage hit n/a (--storage none)" in out
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--storage", "directory"], "--storage directory: the storage tier is not wired"),
-        (["--storage", "mooncake"], "--storage mooncake: the storage tier is not wired"),
         (["--storage", "nfs"], "--storage 'nfs': expected one of none, directory, mooncake"),
         (["--turns", "0"], "--turns must be a positive integer, got 0"),
         (["--prefix-tokens", "100"], "--prefix-tokens 100 must be a whole number of pages"),
@@ -70,15 +113,21 @@ def test_bad_flags_exit_2_with_one_line(
     assert message in err
 
 
-def test_plot_without_matplotlib_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("torch")
+def test_plot_without_matplotlib_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import importlib.util
 
-    if importlib.util.find_spec("matplotlib") is not None:
-        pytest.skip("matplotlib is installed: the plot works")
+    real = importlib.util.find_spec
+
+    def without_matplotlib(name: str, *args: object) -> object:
+        return None if name == "matplotlib" else real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_matplotlib)
     assert main(["demo", "--plot", "out.png", *TINY]) == 2
     _, err = capsys.readouterr()
     assert "needs matplotlib" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_the_command_line_loads_without_torch_until_the_demo_runs() -> None:
@@ -100,6 +149,27 @@ def test_the_command_line_loads_without_torch_until_the_demo_runs() -> None:
     assert proc.stdout.strip() == "False"
 
 
+def test_a_restore_the_model_ignores_exits_1_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hicache.demo.framework import DemoServer, Sequence
+
+    real = DemoServer.prefill
+
+    def forgetful(self: DemoServer, seq: Sequence, *args: object, **kw: object) -> object:
+        seq.state_from = None  # a broken framework: the restored state checkpoint is not read
+        return real(self, seq, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DemoServer, "prefill", forgetful)
+    assert main(["demo", "--storage", "none", *TINY]) == 1
+    out, err = capsys.readouterr()
+    assert "DIFFER" in out
+    assert len(err.strip().splitlines()[-1:]) == 1
+    assert err.strip().splitlines()[-1].startswith(
+        "hicache: error: a cached run differed from its recompute"
+    )
+
+
 def test_a_cached_run_that_differs_exits_1(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,7 +180,7 @@ def test_a_cached_run_that_differs_exits_1(
             "name": "turn 1",
             "prompt_tokens": 200,
             "hit_tokens": 128,
-            "ttft_ms": {"recompute": 10.0, "host_hit": 2.0},
+            "ttft_ms": {"recompute": 10.0, "host_hit": 2.0, "storage_hit": None},
             "max_abs_diff": 0.25,
             "tokens_identical": False,
         }
@@ -118,6 +188,7 @@ def test_a_cached_run_that_differs_exits_1(
             "device": "cpu",
             "model": "m",
             "turns": 1,
+            "storage": "none",
             "ttft_ms": {"recompute": 10.0, "host_hit": 2.0, "storage_hit": None},
             "hit_tokens": 128,
             "max_abs_diff": 0.25,

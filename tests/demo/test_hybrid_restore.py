@@ -1,50 +1,30 @@
-"""The demo's hybrid model restored from host through hicache matches a full recompute, and a
-wrong restore (a corrupted page of any cache, state from another boundary) is caught."""
+"""The demo's hybrid model served through hicache's cache face matches a full recompute, from
+host and from a directory store, and a wrong restore (a corrupted page of any cache, state from
+another boundary, a restored state the model ignores) is caught; nothing is left behind."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+import tempfile
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from hicache.bootstrap.runtime import open_runtime
+from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.demo.framework import DemoServer, Sequence, demo_plan
-from hicache.demo.harness import cache_prefix, compare, differences, run_cached, run_recompute
-from hicache.demo.model import HybridConfig, HybridLM, LayerKind
-from hicache.domain import ConfigError, PoolName
+from hicache.demo.harness import (
+    cache_prefix,
+    compare,
+    differences,
+    evict_to,
+    run_cached,
+    run_recompute,
+)
+from hicache.demo.model import HybridLM, LayerKind
+from hicache.domain import ConfigError, PoolName, Tier
+from tests.demo.conftest import CFG, MODEL, PS, prompt, serving
 
-PS = 64
-CFG = HybridConfig()
-MODEL = HybridLM(CFG)
 TOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@contextlib.asynccontextmanager
-async def serving() -> AsyncIterator[DemoServer]:
-    """The runtime is opened inside each test: its engine's task group cannot span a fixture."""
-    plan = demo_plan(CFG, page_size=PS, device_pages=48, host_pages=96)
-    async with open_runtime(plan, device="cpu") as rt:
-        srv = DemoServer(rt, MODEL)
-        yield srv
-        # Nothing leaked: every device and host page and slot came back.
-        full_dev = {p.name: rt.device.pool(p.name).pages for p in plan.independent_pools()}
-        assert rt.device_slots.free_counts() == full_dev
-        assert rt.host_slots.free_counts() == {p.name: p.pages for p in plan.independent_pools()}
-
-
-def prompt(n: int, seed: int = 0) -> list[int]:
-    gen = torch.Generator().manual_seed(seed)
-    return [int(t) for t in torch.randint(0, CFG.vocab, (n,), generator=gen)]
 
 
 @pytest.mark.asyncio
@@ -56,23 +36,40 @@ async def test_a_host_hit_matches_recompute_logit_for_logit_and_token_for_token(
         result = await compare(server, prompt(length), prefix, decode_steps=3)
         assert result.max_abs_diff <= TOL
         assert result.tokens_identical
+        assert result.cached.hit == prefix
         assert len(result.cached.tokens) == 4
         assert result.cached.logits.shape == (length - prefix + 3, CFG.vocab)
         assert result.load.bytes > 0
+        assert result.load.prefetch_s == 0.0
+        assert 0.0 <= result.load.exposed_s <= result.load.copy_s
 
 
 @pytest.mark.asyncio
-async def test_only_the_window_of_sliding_pages_is_restored() -> None:
-    async with serving() as server:
-        entry = await cache_prefix(server, prompt(384))
+async def test_a_storage_hit_after_the_host_copy_was_evicted_matches_recompute() -> None:
+    with tempfile.TemporaryDirectory() as root:
+        store = DirectoryStore(DirectorySettings(root=root))
         try:
-            assert len(entry.host_pages[PoolName.KV]) == 6
-            # window 256 over pages of 64: the 4 pages before the boundary, not all 6.
-            assert len(entry.host_pages[PoolName.SWA]) == 4
-            assert entry.swa_first == 2
-            assert len(entry.host_pages[PoolName.MAMBA]) == 1
+            async with serving(store) as server:
+                result = await compare(server, prompt(448), 384, decode_steps=3, tier="storage")
+                stats = server.cache.statistics()
+                assert result.max_abs_diff <= TOL
+                assert result.tokens_identical
+                assert result.cached.hit == 384
+                assert result.load.prefetch_s > 0
+                assert stats.prefetched_pages > 0  # it came back from the store
+                assert stats.evictions[1] > 0  # after the host copy was evicted
         finally:
-            server.free_host(entry)
+            store.close()
+
+
+@pytest.mark.asyncio
+async def test_only_the_window_of_sliding_pages_and_the_last_state_are_loaded() -> None:
+    async with serving() as server:
+        await cache_prefix(server, prompt(384))
+        await evict_to(server, "host")
+        async with await server.cache.match(prompt(384)) as m:
+            # window 256 over pages of 64: the 4 pages before the boundary, not all 6.
+            assert m.load_counts() == {PoolName.KV: 6, PoolName.SWA: 4, PoolName.MAMBA: 1}
 
 
 def _rows(server: DemoServer, page: int) -> slice:
@@ -91,15 +88,17 @@ def _indexer_page(server: DemoServer, seq: Sequence) -> None:
 
 def _sliding_page(server: DemoServer, seq: Sequence) -> None:
     layer = CFG.layers_of(LayerKind.SLIDING)[0]
-    server.caches.kv[layer][1][_rows(server, seq.swa[max(seq.swa) - 1])] += 0.5
+    server.caches.kv[layer][1][_rows(server, seq.swa[4])] += 0.5  # page 4 of the 6 restored
 
 
 def _conv_state(server: DemoServer, seq: Sequence) -> None:
-    server.caches.state[CFG.layers_of(LayerKind.DELTANET)[0]][0][seq.slot] += 0.5
+    assert seq.state_from is not None
+    server.caches.state[CFG.layers_of(LayerKind.DELTANET)[0]][0][seq.state_from] += 0.5
 
 
 def _temporal_state(server: DemoServer, seq: Sequence) -> None:
-    server.caches.state[CFG.layers_of(LayerKind.DELTANET)[1]][1][seq.slot] += 0.5
+    assert seq.state_from is not None
+    server.caches.state[CFG.layers_of(LayerKind.DELTANET)[1]][1][seq.state_from] += 0.5
 
 
 @pytest.mark.asyncio
@@ -125,41 +124,49 @@ async def test_state_from_another_boundary_is_caught() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_turn_backs_up_its_new_pages_and_the_next_turn_hits_them() -> None:
+async def test_a_restored_state_the_model_ignores_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = DemoServer.prefill
+
+    def forgetful(self: DemoServer, seq: Sequence, *args: object, **kw: object) -> torch.Tensor:
+        seq.state_from = None  # the framework forgot to start from the restored checkpoint
+        return real(self, seq, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DemoServer, "prefill", forgetful)
+    async with serving() as server:
+        result = await compare(server, prompt(448), 384, decode_steps=2)
+        assert not result.max_abs_diff <= TOL
+
+
+@pytest.mark.asyncio
+async def test_a_turn_inserts_its_pages_and_the_next_turn_hits_them() -> None:
     async with serving() as server:
         first = prompt(200, seed=1)
-        system = await cache_prefix(server, first[:128])
-        try:
-            _, _, saved = await run_cached(server, first, system, decode_steps=4, save_at=192)
-            assert saved is not None
-            assert len(saved.tokens) == 192
-            try:
-                second = [*saved.tokens, *prompt(40, seed=2)]
-                ref = run_recompute(server, second, compare_from=192, decode_steps=2)
-                server.scribble()
-                got, _, _ = await run_cached(server, second, saved, decode_steps=2)
-                worst, same = differences(ref, got)
-                assert worst <= TOL
-                assert same
-            finally:
-                server.free_host(saved)
-        finally:
-            server.free_host(system)
+        await cache_prefix(server, first[:128])
+        await evict_to(server, "host")
+        run, _ = await run_cached(server, first, decode_steps=4)
+        assert run.hit == 128
+        text = [*first, *run.tokens[:4]]  # 204 positions computed: 3 full pages inserted
+        second = [*text[:192], *prompt(40, seed=2)]
+        ref = run_recompute(server, second, compare_from=192, decode_steps=2)
+        await evict_to(server, "host")
+        got, _ = await run_cached(server, second, decode_steps=2, insert=False)
+        assert got.hit == 192  # the state checkpoint the face asked for at the end of the insert
+        worst, same = differences(ref, got)
+        assert worst <= TOL
+        assert same
 
 
 @pytest.mark.asyncio
 async def test_bad_requests_raise_typed_errors_and_leave_nothing_behind() -> None:
     async with serving() as server:
-        entry = await cache_prefix(server, prompt(128))
-        try:
-            with pytest.raises(ConfigError, match="not a proper prefix"):
-                await run_cached(server, prompt(200, seed=9), entry, decode_steps=1)
-            with pytest.raises(ConfigError, match="save_at=100 must be a page boundary"):
-                await run_cached(server, prompt(200), entry, decode_steps=1, save_at=100)
-        finally:
-            server.free_host(entry)
-        with pytest.raises(ConfigError, match="not a positive multiple of the page size"):
-            await cache_prefix(server, prompt(100))
+        with pytest.raises(ConfigError, match="prefix_tokens=100 must be a whole number"):
+            await compare(server, prompt(200), 100)
+        with pytest.raises(ConfigError, match="state_at=200 must lie in"):
+            await cache_prefix(server, prompt(128), state_at=200)
+        with pytest.raises(ConfigError, match="tier 'disk'"):
+            await evict_to(server, "disk")
         seq = server.new_sequence(64)
         try:
             with pytest.raises(ConfigError, match="checkpoint boundaries"):
@@ -168,6 +175,9 @@ async def test_bad_requests_raise_typed_errors_and_leave_nothing_behind() -> Non
                 server.scribble()
         finally:
             server.free(seq)
+        await cache_prefix(server, prompt(128))
+        with pytest.raises(ConfigError, match="cached on the device"):
+            server.scribble()
 
 
 def test_the_model_is_deterministic_and_every_layer_kind_is_present() -> None:
@@ -184,14 +194,24 @@ def test_the_model_is_deterministic_and_every_layer_kind_is_present() -> None:
         PoolName.SWA,
         PoolName.MAMBA,
     }
+    assert Tier.DEVICE is not Tier.HOST
 
 
 @pytest.mark.gpu
 @pytest.mark.asyncio
 async def test_a_host_hit_on_a_gpu_matches_recompute() -> None:
+    from hicache.bootstrap.cache import open_cache
+    from hicache.demo.framework import demo_cache_settings
+
     plan = demo_plan(CFG, page_size=PS, device_pages=48, host_pages=96)
-    async with open_runtime(plan, device="cuda") as rt:
-        server = DemoServer(rt, HybridLM(CFG, device="cuda"))
+    crt = open_cache(
+        plan,
+        device="cuda",
+        settings=demo_cache_settings(CFG, storage=False),
+        device_ownership="framework",
+    )
+    async with crt:
+        server = DemoServer(crt, HybridLM(CFG, device="cuda"))
         result = await compare(server, prompt(448), 320, decode_steps=3)
         assert result.max_abs_diff <= TOL
         assert result.tokens_identical
@@ -203,35 +223,35 @@ class Boom(RuntimeError):
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("when", ["before-any-layer", "after-the-load"])
-async def test_a_request_failing_mid_restore_returns_every_page_and_pin(when: str) -> None:
+async def test_a_request_failing_mid_restore_returns_every_page_and_pin(
+    when: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with serving() as server:
-        entry = await cache_prefix(server, prompt(384))
-        try:
+        await cache_prefix(server, prompt(384))
+        await evict_to(server, "host")
 
-            def fail(_server: DemoServer, _seq: Sequence) -> None:
-                raise Boom
+        def fail(_server: DemoServer, _seq: Sequence) -> None:
+            raise Boom
 
-            if when == "after-the-load":
-                with pytest.raises(Boom):
-                    await run_cached(server, prompt(448), entry, decode_steps=1, tamper=fail)
-            else:
-                real = server.prefill
+        if when == "after-the-load":
+            with pytest.raises(Boom):
+                await run_cached(server, prompt(448), decode_steps=1, tamper=fail)
+        else:
+            real = DemoServer.prefill
 
-                def failing_prefill(*args: object, **kw: object) -> torch.Tensor:
-                    if kw.get("wait") is not None:
-                        seq, tokens, start = args
-                        server.extend(seq, start + len(tokens))  # type: ignore[arg-type]
-                        raise Boom  # the request dies before its forward pass waits on layer 0
-                    return real(*args, **kw)  # type: ignore[arg-type]
+            def failing(self: DemoServer, *args: object, **kw: object) -> torch.Tensor:
+                if kw.get("wait") is not None:
+                    raise Boom  # the request dies before its forward pass waits on layer 0
+                return real(self, *args, **kw)  # type: ignore[arg-type]
 
-                server.prefill = failing_prefill  # type: ignore[method-assign]
-                with pytest.raises(Boom):
-                    await run_cached(server, prompt(448), entry, decode_steps=1, save_at=448)
-                server.prefill = real  # type: ignore[method-assign]
-            assert len(server.rt.engine.device_pins) == 0
-            assert len(server.rt.engine.host_pins) == 0
-            # The entry is intact: the same prefix restores correctly afterwards.
-            result = await compare(server, prompt(448), 384, decode_steps=1)
-            assert result.max_abs_diff <= TOL
-        finally:
-            server.free_host(entry)
+            monkeypatch.setattr(DemoServer, "prefill", failing)
+            with pytest.raises(Boom):
+                await run_cached(server, prompt(448), decode_steps=1)
+            monkeypatch.setattr(DemoServer, "prefill", real)
+        assert len(server.rt.engine.device_pins) == 0
+        assert len(server.rt.engine.host_pins) == 0
+        # The cache is intact: the same prefix restores correctly afterwards (and serving()
+        # checks that every page and slot came back).
+        await server.evict_all(Tier.DEVICE)
+        result = await compare(server, prompt(448), 384, decode_steps=1)
+        assert result.max_abs_diff <= TOL

@@ -8,6 +8,8 @@
 - runtime: open_runtime / Runtime, a plan materialised into host and device pools, copies,
   streams and the transfer engine. Loaded on first use, so importing hicache.bootstrap does not
   load torch.
+- cache: open_cache / CacheRuntime, the runtime + store + storage tiers + the cache face
+  (HiCache). Loaded on first use, like runtime.
 """
 
 from typing import Any
@@ -32,15 +34,21 @@ def __getattr__(name: str) -> Any:
         from hicache.bootstrap import runtime
 
         return getattr(runtime, name)
+    if name in ("open_cache", "CacheRuntime"):
+        from hicache.bootstrap import cache
+
+        return getattr(cache, name)
     raise AttributeError(f"module 'hicache.bootstrap' has no attribute {name!r}")
 
 
 __all__ = [
+    "CacheRuntime",
     "Runtime",
     "bundled_models",
     "load_extra_config",
     "load_model_config",
     "load_model_spec",
+    "open_cache",
     "open_named_store",
     "open_runtime",
     "open_store",

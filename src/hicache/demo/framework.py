@@ -3,22 +3,29 @@
 - demo_plan: the HostGroupPlan of the demo model (KV anchor + indexer sidecar on the full
   layers, sliding-window KV on the sliding layers, Gated DeltaNet state slots), built with the
   domain's constructors in one place.
-- Sequence: one request's device pages: KV pages (the indexer follows them), sliding-window
-  pages by page index (only those the window needs), its live state slot.
-- HostEntry: a backed-up prefix on the host: its tokens, host pages per pool, and the page index
-  of its first sliding-window page.
-- DemoServer: what a serving framework does around the model: allocate device pages, prefill
-  (with state checkpoints at page boundaries), back a prefix up to host, restore it with a
-  layer-by-layer load whose per-layer waits the forward pass honours, free everything (also
-  when a request fails while its load is in flight: ``release``).
+- demo_cache_settings: the CacheSettings the demo opens its cache face with (write-through to
+  host, and to storage when there is a store; the model's sliding window; wait_complete
+  prefetches).
+- Sequence: one request's device pages (the framework's page tables): KV pages (the indexer
+  follows them), sliding-window pages by page index (only those the window needs), its live
+  state slot, and the restored state checkpoint its first chunk reads.
+- Request: one request in flight: its match, its load, its sequence, the device pages the
+  framework gave the load, the state slots it checkpoints into.
+- DemoServer: what a serving framework does around the model and the cache face: allocate
+  device pages, ``begin`` a request (match, allocate the load's device pages, load layer by
+  layer), ``prefill`` with per-layer waits and state checkpoints at the face's boundaries,
+  ``finish`` it (insert what it computed, free what stays the framework's, release the match)
+  or ``abort`` it (cancel the load, free everything of its own), evict tiers, prefetch.
 
-It uses hicache's public API only: the domain's plan values, ``open_runtime``'s device pools,
-slot allocators and transfer engine.
+It uses hicache's public API only: the domain's plan values, ``open_cache`` (device pools,
+slot allocator, the cache face) and the face's calls. The framework owns its device pages
+(``device_ownership="framework"``): its allocator is the runtime's ``device_slots`` (which the
+engine never touches then); it hands pages to ``load`` and ``insert`` and frees what ``insert``
+and ``evict`` give back.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 
@@ -26,7 +33,7 @@ import anyio
 import attrs
 import torch
 
-from hicache.bootstrap.runtime import Runtime
+from hicache.bootstrap.cache import CacheRuntime
 from hicache.demo.model import CacheTensors, HybridConfig, HybridLM, LayerKind, LayerTimes, SeqCache
 from hicache.domain import (
     ConfigError,
@@ -42,11 +49,15 @@ from hicache.domain import (
     PoolPlan,
     PoolRole,
     StorageSettings,
+    Tier,
+    WriteSettings,
     gated_deltanet_state,
     resolve_host_memory,
 )
 from hicache.domain.geometry import AnyGeometry
-from hicache.engine import LoadHandle, OperationState
+from hicache.engine.cache_match import CacheLoad, CacheMatch
+from hicache.engine.cache_values import CacheSettings
+from hicache.engine.storage_settings import StorageTierSettings
 
 KV, SWA, MAMBA, INDEXER = PoolName.KV, PoolName.SWA, PoolName.MAMBA, PoolName.INDEXER
 PageSet = dict[PoolName, tuple[int, ...]]
@@ -121,6 +132,18 @@ def demo_plan(
     )
 
 
+def demo_cache_settings(config: HybridConfig, *, storage: bool) -> CacheSettings:
+    """Write-through to host (and to the store when there is one), every 8 pages and the end
+    of an insert keep a state checkpoint, prefetches wait until complete."""
+    return CacheSettings(
+        writes=WriteSettings(
+            host="write_through", storage="write_through" if storage else None
+        ),
+        sliding_window=config.window,
+        storage=StorageTierSettings(prefetch_policy="wait_complete") if storage else None,
+    )
+
+
 @attrs.define
 class Sequence:
     """One request's device pages (the framework's page tables)."""
@@ -129,29 +152,37 @@ class Sequence:
     swa: dict[int, int]
     slot: int
     capacity: int  # tokens the pages hold
+    state_from: int | None = None  # the restored checkpoint the first chunk reads
 
 
-@attrs.frozen
-class HostEntry:
-    """A prefix backed up to host: ``tokens`` (whole pages), host pages, state at its end."""
+@attrs.define
+class Request:
+    """One request in flight (see DemoServer.begin)."""
 
     tokens: tuple[int, ...]
-    host_pages: Mapping[PoolName, tuple[int, ...]]
-    swa_first: int  # page index of the first sliding-window page kept
+    match: CacheMatch
+    load: CacheLoad
+    seq: Sequence
+    hit: int  # tokens restored (whole pages)
+    load_pages: PageSet  # device pages the framework gave the load
+    own: PageSet  # device pages of this request that are the framework's (not the cache's)
+    checkpoints: dict[int, int] = attrs.field(factory=dict)  # token boundary -> state slot
 
 
 class DemoServer:
-    """The framework around the model: page tables, prefill, backup and restore via hicache."""
+    """The framework around the model: page tables, prefill, and the cache face's calls."""
 
-    def __init__(self, runtime: Runtime, model: HybridLM) -> None:
-        self.rt = runtime
+    def __init__(self, crt: CacheRuntime, model: HybridLM) -> None:
+        self.crt = crt
+        self.cache = crt.cache
+        self.rt = crt.runtime
         self.model = model
-        self.page_size = runtime.plan.anchor.page_size
+        self.page_size = self.rt.plan.anchor.page_size
         cfg = model.config
-        dev = runtime.device
+        dev = self.rt.device
 
         def buf(pool: PoolName, name: str, layer: int) -> torch.Tensor:
-            pl = runtime.plan.pool(pool).binding.pool_layer(layer)
+            pl = self.rt.plan.pool(pool).binding.pool_layer(layer)
             if pl is None:
                 raise ConfigError(f"pool {pool.value!r} has no buffer for model layer {layer}")
             t: torch.Tensor = dev.pool(pool).buffers[name][pl]
@@ -171,8 +202,6 @@ class DemoServer:
                 for i in cfg.layers_of(LayerKind.DELTANET)
             },
         )
-        # Pages before a boundary that the sliding window can still read.
-        self.swa_pages = math.ceil((cfg.window - 1) / self.page_size)
         self._live: set[int] = set()
 
     # -- pages ---------------------------------------------------------------------------------
@@ -180,10 +209,21 @@ class DemoServer:
     def _pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 
+    def allocate(self, counts: Mapping[PoolName, int]) -> PageSet:
+        counts = {p: n for p, n in counts.items() if n > 0}
+        if not counts:
+            return {}
+        return {p: tuple(v) for p, v in self.rt.device_slots.allocate(counts).pages.items()}
+
+    def free_pages(self, pages: Mapping[PoolName, Seq[int]]) -> None:
+        pages = {p: tuple(v) for p, v in pages.items() if v}
+        if pages:
+            self.rt.device_slots.free(pages)
+
     def new_sequence(self, tokens: int) -> Sequence:
         """Fresh device pages for ``tokens`` positions and a live state slot."""
         n = self._pages_for(tokens)
-        got = self.rt.device_slots.allocate({KV: n, SWA: n, MAMBA: 1}).pages
+        got = self.allocate({KV: n, SWA: n, MAMBA: 1})
         seq = Sequence(list(got[KV]), dict(enumerate(got[SWA])), got[MAMBA][0], n * self.page_size)
         self._live.add(id(seq))
         return seq
@@ -193,7 +233,7 @@ class DemoServer:
         more = self._pages_for(tokens) - len(seq.kv)
         if more <= 0:
             return
-        got = self.rt.device_slots.allocate({KV: more, SWA: more}).pages
+        got = self.allocate({KV: more, SWA: more})
         base = len(seq.kv)
         seq.kv.extend(got[KV])
         seq.swa.update({base + i: p for i, p in enumerate(got[SWA])})
@@ -201,22 +241,23 @@ class DemoServer:
 
     def new_slot(self) -> int:
         """A state slot for a checkpoint."""
-        return self.rt.device_slots.allocate({MAMBA: 1}).pages[MAMBA][0]
-
-    def free_slot(self, slot: int) -> None:
-        self.rt.engine.free_device({MAMBA: (slot,)})
+        return self.allocate({MAMBA: 1})[MAMBA][0]
 
     def free(self, seq: Sequence) -> None:
-        self.rt.engine.free_device(
-            {KV: tuple(seq.kv), SWA: tuple(seq.swa.values()), MAMBA: (seq.slot,)}
-        )
+        """Free every page of a sequence the cache never saw (a recompute)."""
+        self.free_pages({KV: seq.kv, SWA: tuple(seq.swa.values()), MAMBA: (seq.slot,)})
         self._live.discard(id(seq))
 
     def scribble(self) -> None:
-        """Overwrite every device buffer with garbage (only when no sequence is live): a restore
-        must then bring every byte it needs back from host."""
+        """Overwrite every device buffer with garbage (only when no sequence is live and nothing
+        is cached on the device): a restore must then bring every byte it needs back."""
         if self._live:
             raise ConfigError(f"{len(self._live)} sequences are live; scribbling would corrupt them")
+        on_device = self.cache.statistics().index.on_tier[0]
+        if on_device:
+            raise ConfigError(
+                f"{on_device} pages are cached on the device; evict them before scribbling"
+            )
         for pool in self.rt.device.pools.values():
             for layers in pool.buffers.values():
                 for t in layers:
@@ -232,7 +273,9 @@ class DemoServer:
         page_of = swa_pages[pos // ps]
         swa = torch.where(page_of >= 0, page_of * ps + pos % ps, torch.full_like(pos, -1))
         dev = self.model.device
-        return SeqCache(full_rows=full.to(dev), swa_rows=swa.to(dev), slot=seq.slot)
+        return SeqCache(
+            full_rows=full.to(dev), swa_rows=swa.to(dev), slot=seq.slot, state_from=seq.state_from
+        )
 
     # -- compute -------------------------------------------------------------------------------
 
@@ -242,87 +285,149 @@ class DemoServer:
         tokens: Seq[int],
         start: int,
         *,
-        wait: LoadHandle | None = None,
+        wait: CacheLoad | None = None,
         checkpoints: Mapping[int, int] | None = None,
         times: LayerTimes | None = None,
     ) -> torch.Tensor:
-        """Run the model on ``tokens`` at ``start`` (decode is a one-token prefill)."""
+        """Run the model on ``tokens`` at ``start`` (decode is a one-token prefill); with
+        ``wait``, each layer waits for its part of the load before it reads its cache."""
         self.extend(seq, start + len(tokens))
-        return self.model.forward(
+        out = self.model.forward(
             tokens,
             start,
             self._view(seq),
             self.caches,
-            wait=wait.wait_layer if wait is not None else None,
+            wait=wait.wait_model_layer if wait is not None else None,
             checkpoints=checkpoints,
             times=times,
         )
+        seq.state_from = None  # the live slot holds the state from now on
+        return out
 
-    # -- host tier -----------------------------------------------------------------------------
+    # -- the cache face ------------------------------------------------------------------------
 
-    def prefix_pages(self, seq: Sequence, boundary: int, slot: int) -> PageSet:
-        """The device pages that restore ``seq`` at token ``boundary`` (a page boundary):
-        every KV page before it, the sliding-window pages the window reads, the state ``slot``."""
-        if boundary <= 0 or boundary % self.page_size:
-            raise ConfigError(f"boundary {boundary} is not a positive multiple of the page size")
-        n = boundary // self.page_size
-        first = max(0, n - self.swa_pages)
-        return {
-            KV: tuple(seq.kv[:n]),
-            SWA: tuple(seq.swa[i] for i in range(first, n)),
-            MAMBA: (slot,),
-        }
-
-    async def backup(self, seq: Sequence, tokens: Seq[int], slot: int) -> HostEntry:
-        """Copy the prefix ``tokens`` of ``seq`` (whole pages; state checkpoint in ``slot``) to
-        host pages the engine allocates; returns the entry that restores it."""
-        boundary = len(tokens)
-        pages = self.prefix_pages(seq, boundary, slot)
-        handle = await self.rt.engine.backup(pages)
-        await handle.wait()
-        n = boundary // self.page_size
-        return HostEntry(tuple(tokens), handle.host_pages, max(0, n - self.swa_pages))
-
-    def start_restore(self, entry: HostEntry) -> LoadHandle:
-        """Prepare and submit the layer-by-layer load of ``entry`` into fresh device pages."""
-        handle = self.rt.engine.prepare_load(dict(entry.host_pages))
-        self.rt.engine.submit()
-        return handle
-
-    def restored_sequence(self, entry: HostEntry, handle: LoadHandle) -> Sequence:
-        """The sequence whose first pages are the load's: its KV pages, the window's pages, and
-        the loaded state slot as its live state (the host copy keeps the checkpoint)."""
-        dp = handle.device_pages
-        swa = {entry.swa_first + i: p for i, p in enumerate(dp[SWA])}
-        seq = Sequence(list(dp[KV]), swa, dp[MAMBA][0], len(dp[KV]) * self.page_size)
+    async def begin(self, tokens: Seq[int], computed: int) -> Request:
+        """Match ``tokens`` (at least one token is left to compute), load the hit into device
+        pages of the framework's, and set up the sequence and the state checkpoints of the
+        ``computed`` positions this request will run (the face's CheckpointPolicy boundaries)."""
+        match = await self.cache.match(list(tokens[: len(tokens) - 1]))
+        own: dict[PoolName, list[int]] = {}
+        load_pages: PageSet = {}
+        load: CacheLoad | None = None
+        try:
+            counts = match.load_counts()
+            load_pages = self.allocate(counts)
+            load = await self.cache.load(match, load_pages or None)
+            hit = match.host_tokens
+            placed = match.placements()  # the pages already on the device
+            nexts = {p: iter(v) for p, v in load_pages.items()}
+            kv: list[int] = []
+            swa: dict[int, int] = {}
+            state_from: int | None = None
+            for i, (source, pools) in enumerate(zip(match.sources, match.needed, strict=True)):
+                if source is Tier.HOST:
+                    where = {p: next(nexts[p]) for p in sorted(pools, key=lambda p: p.value)}
+                else:
+                    where = placed[i]
+                kv.append(where[KV])
+                if SWA in where:
+                    swa[i] = where[SWA]
+                if MAMBA in pools:
+                    state_from = where[MAMBA]
+            rest = self._pages_for(computed) - len(kv)
+            got = self.allocate({KV: rest, SWA: rest, MAMBA: 1})
+            base = len(kv)
+            kv.extend(got.get(KV, ()))
+            swa.update({base + j: p for j, p in enumerate(got.get(SWA, ()))})
+            seq = Sequence(kv, swa, got[MAMBA][0], len(kv) * self.page_size, state_from)
+            own = {p: list(v) for p, v in got.items()}
+            pages = computed // self.page_size
+            bounds = [b * self.page_size for b in self.cache.checkpoint_boundaries(pages)]
+            checkpoints: dict[int, int] = {}
+            for b in bounds:
+                if b > hit:
+                    checkpoints[b] = self.new_slot()
+                    own.setdefault(MAMBA, []).append(checkpoints[b])
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                self.free_pages(own)
+                if load is not None and not load.finished:
+                    await load.cancel()
+                if load is None or not load.ok:
+                    self.free_pages(load_pages)
+                match.release()
+            raise
         self._live.add(id(seq))
-        return seq
+        return Request(
+            tuple(tokens), match, load, seq, hit, load_pages,
+            {p: tuple(v) for p, v in own.items()}, checkpoints,
+        )
 
-    async def release(self, seq: Sequence, handle: LoadHandle) -> None:
-        """Free a restored sequence whatever became of its load.
-
-        A finished load's pages are the sequence's: all are freed. A load still in flight (the
-        request failed or was cancelled mid-prefill) is cancelled, which returns the pages the
-        engine allocated for it; only the pages the sequence added on top are freed here.
-        """
+    async def finish(self, req: Request, tokens: Seq[int]) -> None:
+        """Insert what ``req`` computed (``tokens``: every position it ran) with its state
+        checkpoints, free the pages that stay the framework's, release the match."""
         with anyio.CancelScope(shield=True):
-            if handle.state is not OperationState.DONE:
-                await handle.cancel()
-            if handle.state is OperationState.DONE:
-                self.free(seq)
-                return
-            loaded = handle.device_pages
-            added = {
-                KV: tuple(p for p in seq.kv if p not in set(loaded.get(KV, ()))),
-                SWA: tuple(p for p in seq.swa.values() if p not in set(loaded.get(SWA, ()))),
-            }
-            added = {pool: pages for pool, pages in added.items() if pages}
-            if added:
-                self.rt.engine.free_device(added)
-            self._live.discard(id(seq))
+            try:
+                await req.load.wait()
+                seq, ps = req.seq, self.page_size
+                tail = self._pages_for(len(tokens))
+                full = len(tokens) // ps
+                result = await self.cache.insert(
+                    list(tokens),
+                    {KV: seq.kv[:tail], SWA: [seq.swa.get(i) for i in range(tail)]},
+                    checkpoints={b // ps: {MAMBA: s} for b, s in req.checkpoints.items()},
+                )
+                kept = {KV: set(seq.kv[:full]), SWA: {seq.swa[i] for i in seq.swa if i < full}}
+                kept[MAMBA] = {s for b, s in req.checkpoints.items() if b // ps <= full}
+                for pool, ids in result.released.items():
+                    kept.get(pool, set()).difference_update(ids)
+                self.free_pages(
+                    {p: [x for x in v if x not in kept.get(p, set())] for p, v in req.own.items()}
+                )
+            finally:
+                req.match.release()
+                self._live.discard(id(req.seq))
 
-    def free_host(self, entry: HostEntry) -> None:
-        self.rt.engine.free_host(dict(entry.host_pages))
+    async def abort(self, req: Request) -> None:
+        """Give everything of a failed request back: cancel its load if it still runs (the face
+        then returns its host pins), free the framework's pages (the load's too unless it
+        finished: loaded pages belong to the cache), release the match."""
+        with anyio.CancelScope(shield=True):
+            try:
+                if not req.load.finished:
+                    await req.load.cancel()
+                self.free_pages(req.own)
+                if not req.load.ok:
+                    self.free_pages(req.load_pages)
+            finally:
+                req.match.release()
+                self._live.discard(id(req.seq))
+
+    async def evict_all(self, tier: Tier) -> int:
+        """Evict every unpinned page of ``tier``; device pages come back to the framework."""
+        await self.cache.wait_idle()
+        pages = self.cache.statistics().index.on_tier[0 if tier is Tier.DEVICE else 1]
+        result = await self.cache.evict(tier, max(pages, 1))
+        if tier is Tier.DEVICE:
+            self.free_pages(result.freed)
+        return result.evicted
+
+    async def warm_host(self, tokens: Seq[int]) -> None:
+        """Make the host hit of ``tokens`` as deep as the storage hint: when storage restores
+        more, evict the host tier and prefetch the whole prefix."""
+        async with await self.cache.match(list(tokens[: len(tokens) - 1])) as m:
+            deeper = m.storage_pages > m.host_pages
+        if deeper:
+            await self.evict_all(Tier.HOST)
+            await self.prefetch(tokens)
+
+    async def prefetch(self, tokens: Seq[int]) -> int:
+        """Storage -> host for ``tokens``' stored pages past the host hit; pages read."""
+        async with await self.cache.match(list(tokens[: len(tokens) - 1])) as m:
+            if m.storage_pages <= m.host_pages:
+                return 0
+            result = await self.cache.prefetch(m)
+        return result.read
 
 
-__all__ = ["DemoServer", "HostEntry", "Sequence", "demo_plan"]
+__all__ = ["DemoServer", "Request", "Sequence", "demo_cache_settings", "demo_plan"]

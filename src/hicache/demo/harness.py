@@ -1,19 +1,23 @@
 """Correctness harness: a cached run of the hybrid model against a full recompute.
 
 - RunResult: what one run of a prompt produced: the logits of the compared positions (the
-  positions after the cached prefix, then each decode step), the greedy tokens, TTFT.
-- LoadFigures: the host-hit load as its handle saw it: bytes, copy time, time waited.
-- run_recompute: prefill the whole prompt, then decode greedily.
-- cache_prefix: prefill a page-aligned prefix with a state checkpoint at its end, back it up to
-  host, free the device pages; returns the HostEntry (``state_at`` takes the state from another
-  boundary: a deliberately wrong entry, for tests).
-- run_cached: restore an entry layer by layer (the forward pass waits per layer) and prefill
-  only the suffix, then decode; optionally checkpoint and back up a later boundary.
-- compare: max abs difference of the compared logits and whether the greedy tokens match.
+  positions after the cached prefix, then each decode step), the greedy tokens, TTFT, the hit.
+- LoadFigures: a cached run's load as the forward pass saw it: bytes, the copy's stream time,
+  the time the forward pass waited in its per-layer waits, the prefetch time.
+- run_recompute: prefill the whole prompt in fresh pages, then decode greedily; nothing cached.
+- cache_prefix: prefill a prefix with the face's state checkpoints and insert it (device, and
+  host and storage by write-through); ``state_at`` takes the end checkpoint's state from another
+  token: a deliberately wrong cache entry, for tests.
+- run_cached: (after an optional prefetch from storage) match, load layer by layer while the
+  forward pass of the suffix waits per layer, decode, insert what it computed.
+- compare: recompute, cache the prefix, evict it from the device (and the host for
+  ``tier="storage"``), scribble over the device, run cached; the differences.
+- differences: max abs difference of the compared logits and whether the greedy tokens match.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -21,10 +25,9 @@ from collections.abc import Sequence as Seq
 import attrs
 import torch
 
-from hicache.demo.framework import DemoServer, HostEntry, Sequence
+from hicache.demo.framework import DemoServer, Sequence
 from hicache.demo.model import LayerTimes
-from hicache.domain import ConfigError
-from hicache.engine import LoadHandle
+from hicache.domain import ConfigError, Tier
 
 
 @attrs.frozen
@@ -32,15 +35,21 @@ class RunResult:
     logits: torch.Tensor  # (compared positions + decode steps, vocab), on the CPU
     tokens: tuple[int, ...]  # greedy: the first token, then one per decode step
     ttft_s: float
+    hit: int = 0  # tokens restored from the cache
 
 
 @attrs.frozen
 class LoadFigures:
     bytes: int
-    copy_s: float
-    waited_s: float
-    submitted_at: float
-    done_at: float
+    copy_s: float  # the stream time of the load's copies (LoadHandle statistics)
+    waited_s: float  # the forward pass's per-layer waits (before each layer read its cache)
+    prefetch_s: float  # storage -> host before the match (0 for a host hit)
+
+    @property
+    def exposed_s(self) -> float:
+        """The part of the copy time the forward pass waited for: a wait can also cover the
+        copy's start-up (the copy thread not scheduled yet), which is not copy time."""
+        return min(self.waited_s, self.copy_s)
 
 
 def _decode(
@@ -78,82 +87,103 @@ def run_recompute(
     return RunResult(torch.cat([out[compare_from:].cpu(), *logits]), tuple(tokens), ttft)
 
 
-async def cache_prefix(
-    server: DemoServer, prefix: Seq[int], *, state_at: int | None = None
-) -> HostEntry:
-    """Prefill ``prefix`` (whole pages), checkpoint its state, back it up, free the device."""
-    boundary = len(prefix)
-    at = boundary if state_at is None else state_at
-    seq = server.new_sequence(boundary)
-    slot = server.new_slot()
+async def cache_prefix(server: DemoServer, prefix: Seq[int], *, state_at: int | None = None) -> int:
+    """Prefill ``prefix`` with the face's checkpoints and insert it; returns its hit (tokens
+    restored from the cache). Waits until the write-throughs (host, storage) finished."""
+    req = await server.begin(prefix, len(prefix))
     try:
-        server.prefill(seq, prefix, 0, checkpoints={at: slot})
-        return await server.backup(seq, prefix, slot)
-    finally:
-        server.free(seq)
-        server.free_slot(slot)
+        cks = dict(req.checkpoints)
+        if state_at is not None:
+            end = max(cks)
+            if not req.hit < state_at < end:
+                raise ConfigError(f"state_at={state_at} must lie in ({req.hit}, {end})")
+            cks = {b: s for b, s in cks.items() if b != end} | {state_at: cks[end]}
+        server.prefill(req.seq, prefix[req.hit :], req.hit, wait=req.load, checkpoints=cks)
+    except BaseException:
+        await server.abort(req)
+        raise
+    await server.finish(req, prefix)
+    await server.cache.wait_idle()
+    return req.hit
 
 
 async def run_cached(
     server: DemoServer,
     prompt: Seq[int],
-    entry: HostEntry,
     *,
     decode_steps: int,
+    prefetch: bool = False,
     tamper: Callable[[DemoServer, Sequence], None] | None = None,
-    save_at: int | None = None,
+    insert: bool = True,
     times: LayerTimes | None = None,
-) -> tuple[RunResult, LoadFigures, HostEntry | None]:
-    """Restore ``entry`` from host, prefill the rest of ``prompt``, decode.
+    loaded: list[tuple[int, float]] | None = None,
+) -> tuple[RunResult, LoadFigures]:
+    """Serve ``prompt`` from the cache: prefetch (storage -> host) if asked, match, load layer
+    by layer, prefill the rest with per-layer waits, decode; insert what it computed.
 
-    ``tamper`` runs after the load finished and before the suffix (tests corrupt a cache
-    there). ``save_at`` (a page boundary past the entry, within prompt + decoded tokens):
-    checkpoint the state there during the run and back up that prefix afterwards.
+    TTFT runs from the prefetch (or the match) to the first token. ``tamper`` runs after the
+    load finished and before the suffix (tests corrupt a cache there). ``times`` receives the
+    forward pass's (layer, wait start, wait end, compute end) and ``loaded`` each layer's
+    (layer, time its load was complete), in seconds since the match.
     """
-    hit = len(entry.tokens)
-    if tuple(prompt[:hit]) != entry.tokens or hit >= len(prompt):
-        raise ConfigError(
-            f"the entry's {hit} tokens are not a proper prefix of the {len(prompt)}-token prompt"
-        )
-    if save_at is not None and not (
-        hit < save_at <= len(prompt) + decode_steps and save_at % server.page_size == 0
-    ):
-        raise ConfigError(
-            f"save_at={save_at} must be a page boundary in ({hit}, {len(prompt) + decode_steps}]"
-        )
-    ckpt = server.new_slot() if save_at is not None else None
-    checkpoints = {save_at: ckpt} if save_at is not None and ckpt is not None else {}
-    seq: Sequence | None = None
-    handle: LoadHandle | None = None
-    new: HostEntry | None = None
+    computed = len(prompt) + decode_steps
+    t0 = time.perf_counter()
+    if prefetch:
+        await server.prefetch(prompt)
+    t_match = time.perf_counter()
+    req = await server.begin(prompt, computed)
+    watcher: threading.Thread | None = None
+    ready: list[tuple[int, float]] = []
+    if loaded is not None and req.load.handle is not None:
+        # A thread that sees each layer's load complete (for the --plot timeline only).
+        layers = server.model.config.layers
+        load = req.load
+
+        def watch() -> None:
+            for i in range(layers):
+                load.wait_model_layer(i)
+                ready.append((i, time.perf_counter() - t_match))
+
+        watcher = threading.Thread(target=watch, name="demo-load-watch", daemon=True)
+        watcher.start()
     try:
-        t0 = time.perf_counter()
-        handle = server.start_restore(entry)
-        seq = server.restored_sequence(entry, handle)
         if tamper is not None:
-            await handle.wait()
-            tamper(server, seq)
-        in_prefill = {b: s for b, s in checkpoints.items() if b <= len(prompt)}
+            await req.load.wait()
+            tamper(server, req.seq)
+        hit = req.hit
+        layer_times: LayerTimes = []
+        cks = dict(req.checkpoints)
+        in_prefill = {b: s for b, s in cks.items() if b <= len(prompt)}
         out = server.prefill(
-            seq, prompt[hit:], hit, wait=handle, checkpoints=in_prefill, times=times
+            req.seq, prompt[hit:], hit, wait=req.load, checkpoints=in_prefill, times=layer_times
         )
         first = int(out[-1].argmax())
         ttft = time.perf_counter() - t0
-        await handle.wait()
-        done = time.perf_counter()
-        later = {b: s for b, s in checkpoints.items() if b > len(prompt)}
-        logits, tokens = _decode(server, seq, first, len(prompt), decode_steps, later)
-        stats = handle.statistics()
-        figures = LoadFigures(stats.bytes, stats.copy_s, stats.waited_s, t0, done)
-        if save_at is not None and ckpt is not None:
-            text = [*prompt, *tokens[:-1]]
-            new = await server.backup(seq, text[:save_at], ckpt)
-    finally:
-        if seq is not None and handle is not None:
-            await server.release(seq, handle)
-        if ckpt is not None:
-            server.free_slot(ckpt)
-    return RunResult(torch.cat([out.cpu(), *logits]), tuple(tokens), ttft), figures, new
+        await req.load.wait()
+        if watcher is not None:
+            watcher.join()
+            if loaded is not None:
+                loaded.extend(ready)
+        later = {b: s for b, s in cks.items() if b > len(prompt)}
+        logits, tokens = _decode(server, req.seq, first, len(prompt), decode_steps, later)
+        handle = req.load.handle
+        stats = handle.statistics() if handle is not None else None
+        figures = LoadFigures(
+            stats.bytes if stats is not None else 0,
+            stats.copy_s if stats is not None else 0.0,
+            sum(t1 - w0 for _, w0, t1, _ in layer_times),
+            t_match - t0 if prefetch else 0.0,
+        )
+        if times is not None:
+            times.extend((i, a - t_match, b - t_match, c - t_match) for i, a, b, c in layer_times)
+    except BaseException:
+        await server.abort(req)
+        raise
+    if insert:
+        await server.finish(req, [*prompt, *tokens[:decode_steps]])
+    else:
+        await server.abort(req)
+    return RunResult(torch.cat([out.cpu(), *logits]), tuple(tokens), ttft, hit), figures
 
 
 @attrs.frozen
@@ -175,28 +205,48 @@ def differences(a: RunResult, b: RunResult) -> tuple[float, bool]:
     return worst, a.tokens == b.tokens
 
 
+async def evict_to(server: DemoServer, tier: str) -> None:
+    """Leave cached pages only on ``tier`` ("host" or "storage") and scribble over the device."""
+    if tier not in ("host", "storage"):
+        raise ConfigError(f"tier {tier!r}: expected 'host' or 'storage'")
+    await server.evict_all(Tier.DEVICE)
+    if tier == "storage":
+        await server.evict_all(Tier.HOST)
+    server.scribble()
+
+
 async def compare(
     server: DemoServer,
     prompt: Seq[int],
     prefix_tokens: int,
     *,
     decode_steps: int = 4,
+    tier: str = "host",
     tamper: Callable[[DemoServer, Sequence], None] | None = None,
     state_at: int | None = None,
 ) -> Comparison:
-    """Recompute ``prompt``; cache its first ``prefix_tokens`` (whole pages) on host, scribble
-    over the device, restore and prefill the rest; compare both runs."""
+    """Recompute ``prompt``; cache its first ``prefix_tokens`` (whole pages), keep them only on
+    ``tier``, scribble over the device, serve the prompt from the cache; compare both runs."""
+    if prefix_tokens % server.page_size or not 0 < prefix_tokens < len(prompt):
+        raise ConfigError(
+            f"prefix_tokens={prefix_tokens} must be a whole number of pages shorter than the "
+            f"{len(prompt)}-token prompt"
+        )
     reference = run_recompute(
         server, prompt, compare_from=prefix_tokens, decode_steps=decode_steps
     )
-    entry = await cache_prefix(server, prompt[:prefix_tokens], state_at=state_at)
-    try:
-        server.scribble()
-        cached, load, _ = await run_cached(
-            server, prompt, entry, decode_steps=decode_steps, tamper=tamper
-        )
-    finally:
-        server.free_host(entry)
+    await cache_prefix(server, prompt[:prefix_tokens], state_at=state_at)
+    await evict_to(server, tier)
+    cached, load = await run_cached(
+        server,
+        prompt,
+        decode_steps=decode_steps,
+        prefetch=tier == "storage",
+        tamper=tamper,
+        insert=False,
+    )
+    if cached.hit != prefix_tokens:
+        raise ConfigError(f"the cache restored {cached.hit} tokens, expected {prefix_tokens}")
     worst, same = differences(reference, cached)
     return Comparison(reference, cached, load, prefix_tokens, worst, same)
 
@@ -208,6 +258,7 @@ __all__ = [
     "cache_prefix",
     "compare",
     "differences",
+    "evict_to",
     "run_cached",
     "run_recompute",
 ]

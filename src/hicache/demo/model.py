@@ -118,6 +118,9 @@ class SeqCache:
     full_rows: Tensor
     swa_rows: Tensor
     slot: int
+    # A restored sequence's state checkpoint: read (never written) by its first chunk's
+    # DeltaNet layers, after their wait; the cache keeps that slot, the live state is ``slot``.
+    state_from: int | None = None
 
 
 Wait = Callable[[int], None]
@@ -214,7 +217,8 @@ class HybridLM:
         """Logits (T, vocab) of ``tokens`` at positions ``start..start+T-1``.
 
         Writes the chunk's K/V and indexer K into the pools and advances the state in
-        ``seq.slot`` (zeroed first when ``start == 0``). Before layer i reads its cache it calls
+        ``seq.slot`` (zeroed first when ``start == 0``; read from ``seq.state_from`` when
+        given). Before layer i reads its cache it calls
         ``wait(i)``. ``checkpoints`` maps a token boundary b (start < b <= start+T) to a state
         slot that receives the recurrent state after token b-1.
         """
@@ -242,7 +246,8 @@ class HybridLM:
             h = _rms(x, p["norm1"])
             if kind is LayerKind.DELTANET:
                 conv, temporal = caches.state[i]
-                h = self._deltanet(h, p, conv, temporal, seq.slot, start, cks)
+                src = seq.state_from
+                h = self._deltanet(h, p, conv, temporal, seq.slot, start, cks, src)
             else:
                 k_buf, v_buf = caches.kv[i]
                 rows = seq.full_rows if kind is LayerKind.FULL else seq.swa_rows
@@ -327,6 +332,7 @@ class HybridLM:
         slot: int,
         start: int,
         checkpoints: Mapping[int, int],
+        source: int | None = None,
     ) -> Tensor:
         """Gated DeltaNet: causal short conv over q/k/v, then the gated delta rule per token."""
         cfg = self.config
@@ -335,6 +341,9 @@ class HybridLM:
         if start == 0:
             conv_buf[slot].zero_()
             temporal_buf[slot].zero_()
+        elif source is not None and source != slot:
+            conv_buf[slot] = conv_buf[source]
+            temporal_buf[slot] = temporal_buf[source]
         raw = h @ p["qkv"]  # (T, conv_dim)
         ext = torch.cat([conv_buf[slot].T, raw], dim=0)  # positions start-K+1 .. end-1
         mixed = p["conv"][:, 0] * ext[0:n]

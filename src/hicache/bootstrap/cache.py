@@ -1,0 +1,210 @@
+"""The composition root of the cache face: plan in, runtime + store + storage tiers + HiCache out.
+
+- CacheRuntime: the Runtime (host and device pools, copies, streams, engine), the store (if
+  any), the storage tiers and the HiCache of one host group plan; ``async with`` opens them in
+  order and closes them in reverse, exactly once (the cache drains its background writes
+  first, then the engine, then the store, then the pools).
+- CacheRuntime.close(): the synchronous close, after a SyncEngine / SyncCache ran it.
+- open_cache: build a CacheRuntime: ``open_runtime`` + ``open_store`` (or a given Store) +
+  ``HostGroupBuffers`` + one ``StorageTier`` per slot-owning pool + ``HiCache``.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from hicache.bootstrap.runtime import Runtime, open_runtime
+from hicache.domain import ConfigError, HostGroupPlan, PoolName, PoolRole, StorageSettings
+from hicache.domain.namespace import RankIdentity, group_namespaces
+from hicache.domain.storage import Store
+from hicache.engine.cache import HiCache
+from hicache.engine.cache_storage import CacheStorage, TierPort
+from hicache.engine.cache_values import CacheSettings
+from hicache.engine.engine import TransferEngine
+from hicache.engine.ranks import RankAgreement
+
+
+class CacheRuntime:
+    """Everything the cache face of one rank needs; ``async with`` it (or ``open_cache``)."""
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        cache: HiCache,
+        store: Store | None,
+        storage: CacheStorage | None,
+        owns_store: bool,
+    ) -> None:
+        self.runtime = runtime
+        self.cache = cache
+        self.store = store
+        self.storage = storage
+        self._owns_store = owns_store
+        self._closed = False
+
+    @property
+    def plan(self) -> HostGroupPlan:
+        return self.runtime.plan
+
+    @property
+    def engine(self) -> TransferEngine:
+        return self.runtime.engine
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> CacheRuntime:
+        try:
+            await self.runtime.__aenter__()
+        except BaseException:
+            self._close_store()
+            self._closed = True
+            raise
+        try:
+            await self.cache.__aenter__()
+        except BaseException:
+            try:
+                await self.runtime.aclose()
+            finally:
+                self._close_store()
+                self._closed = True
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the cache (background writes finish), the engine, the store, the pools."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.cache.aclose()
+        finally:
+            try:
+                await self.runtime.engine.aclose()
+            finally:
+                try:
+                    self._close_store()
+                finally:
+                    await self.runtime.aclose()
+
+    def close(self) -> None:
+        """Synchronous close, for a runtime driven through the synchronous face: after the
+        SyncCache and the SyncEngine closed (the cache and the engine), close the store this
+        runtime opened and the pools. Idempotent; ``aclose`` does all of it for async users."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._close_store()
+        finally:
+            self.runtime._close_resources()
+
+    def _close_store(self) -> None:
+        if self._owns_store and self.store is not None:
+            self.store.close()
+
+    def __repr__(self) -> str:
+        return f"<CacheRuntime {'closed' if self._closed else repr(self.cache)}>"
+
+
+def _tiers(
+    plan: HostGroupPlan,
+    store: Store,
+    runtime: Runtime,
+    rank: RankIdentity,
+    tier_settings: Any,
+) -> CacheStorage:
+    from hicache.adapters.storage.page_buffers import HostGroupBuffers, _bytes_of
+    from hicache.engine.storage_tier import StorageTier
+
+    buffers = HostGroupBuffers(runtime.host)
+    namespaces = group_namespaces(plan, rank)
+    anchor = plan.anchor.name
+    sidecars = tuple(p.name for p in plan.pools if p.role is PoolRole.SIDECAR)
+    tiers: dict[PoolName, TierPort] = {}
+    for p in plan.independent_pools():
+        pools = (anchor, *sidecars) if p.name is anchor else (p.name,)
+        tiers[p.name] = StorageTier(store, buffers, namespaces, pools, tier_settings)
+    # Zero-copy stores (Mooncake) register the host memory their transfers use, once.
+    store.register(
+        [_bytes_of(t) for p in plan.pools for t in runtime.host.pool(p.name).buffers.values()]
+    )
+    return CacheStorage(tiers, anchor=anchor)
+
+
+def open_cache(
+    plan: HostGroupPlan,
+    *,
+    device: str = "cpu",
+    store: Store | StorageSettings | None = None,
+    settings: CacheSettings | None = None,
+    rank: RankIdentity | None = None,
+    ranks: RankAgreement | None = None,
+    device_ownership: str = "engine",
+    **runtime_options: Any,
+) -> CacheRuntime:
+    """Compose the cache face for ``plan``; enter the result with ``async with``.
+
+    ``store``: a Store (kept open: the caller closes it), StorageSettings (opened here with
+    ``open_store`` and closed with the cache), or None (no storage tier). ``rank``: the model
+    name and tp/pp ranks that name stored objects (default: the plan's model type, rank 0).
+    ``ranks``: the TP agreement (default: one process). ``runtime_options`` go to
+    ``open_runtime`` (backend, device_tensors, device_capacities, huge_pages, name, ...).
+    With a store and no storage write policy in ``settings.writes``, write_through is used
+    for storage only if ``settings`` says so: pass ``WriteSettings(storage=...)``.
+    """
+    if not isinstance(plan, HostGroupPlan):
+        raise ConfigError(f"open_cache needs a HostGroupPlan, got {type(plan).__name__}")
+    settings = settings if settings is not None else CacheSettings()
+    if not isinstance(settings, CacheSettings):
+        raise ConfigError(f"settings must be CacheSettings, got {type(settings).__name__}")
+    if rank is None:
+        rank = RankIdentity(model=plan.model_type or "model")
+    if not isinstance(rank, RankIdentity):
+        raise ConfigError(f"rank must be a RankIdentity, got {type(rank).__name__}")
+    if store is not None and not isinstance(store, (Store, StorageSettings)):
+        raise ConfigError(
+            f"store must be a Store, StorageSettings or None, got {type(store).__name__}"
+        )
+    owns_store = isinstance(store, StorageSettings)
+    opened: Store | None = None
+    if isinstance(store, StorageSettings):
+        from hicache.bootstrap.storage import open_store
+
+        opened = open_store(store)
+    elif store is not None:
+        opened = store
+    runtime: Runtime | None = None
+    try:
+        runtime = open_runtime(
+            plan, device=device, device_ownership=device_ownership, **runtime_options
+        )
+        storage = (
+            _tiers(plan, opened, runtime, rank, settings.storage) if opened is not None else None
+        )
+        cache = HiCache(runtime.engine, settings=settings, storage=storage, ranks=ranks)
+    except BaseException:
+        try:
+            if runtime is not None:
+                runtime._close_resources()
+        finally:
+            if owns_store and opened is not None:
+                opened.close()
+        raise
+    return CacheRuntime(
+        runtime=runtime, cache=cache, store=opened, storage=storage, owns_store=owns_store
+    )
+
+
+__all__ = ["CacheRuntime", "open_cache"]

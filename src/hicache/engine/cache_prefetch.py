@@ -1,0 +1,136 @@
+"""Prefetch: bring the stored part of a hit from the storage tier into host pages.
+
+- prefetch(cache, target, deadline=None): for the pages between the host hit and the storage
+  hint, in batches of ``CacheSettings.prefetch_batch_pages``: allocate host pages (evicting LRU
+  host pages when full), ``index.prepare_prefetch``, ``StorageTier.read`` (off the event loop,
+  bounded by the deadline of the prefetch policy), ``index.complete`` with the per-page flags
+  (the leading run read is the hit), free the failed destinations, drop the failed pages'
+  storage entries (the store did not have them, or could not give them now). Stops at the first
+  page that was not read. Cancellation at any await: the ticket is aborted and the host pages
+  come back (shielded).
+
+What is read per page for a hit of ``end`` pages: the anchor (and its sidecars) on every page, a
+window pool on the window's pages before ``end``, a state pool's checkpoint at page ``end - 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+
+from hicache.domain.errors import CacheStateError, OutOfSlotsError
+from hicache.domain.hybrid import needed_pages
+from hicache.domain.keys import chain_keys
+from hicache.domain.pools import PoolName
+from hicache.domain.tiers import Tier
+from hicache.engine.cache_match import CacheMatch
+from hicache.engine.cache_storage import storage_boundary
+from hicache.engine.cache_values import PrefetchResult
+from hicache.engine.cache_work import _split
+
+if TYPE_CHECKING:
+    from hicache.engine.cache import HiCache
+
+
+def _wants(cache: HiCache, start: int, end: int) -> list[list[PoolName]]:
+    sets: list[set[PoolName]] = [set() for _ in range(end - start)]
+    for r in cache.rules.rules:
+        owner = cache.rules.anchor if r.follows_anchor else r.pool
+        for i in needed_pages(cache.rules, r.pool, end):
+            if i >= start:
+                sets[i - start].add(owner)
+    return [sorted(s, key=lambda p: p.value) for s in sets]
+
+
+async def prefetch(
+    cache: HiCache, target: CacheMatch | Sequence[int], *, deadline: float | None = None
+) -> PrefetchResult:
+    ps = cache.page_size
+    storage = cache.storage
+    if isinstance(target, CacheMatch):
+        keys = list(target.keys)
+        hint = target.storage_pages
+    else:
+        keys = chain_keys(target, ps)
+        hint = -1
+    m = cache.index.match(keys, touch=False)
+    start = m.host_pages
+    if storage is None:
+        return PrefetchResult(requested=0, read=0, host_pages=start, page_size=ps,
+                              skipped="no storage tier")
+    if hint < 0:
+        hint = await storage_boundary(cache, keys, max(start, m.storage_pages))
+    end = min(hint, len(keys))
+    # Pages already on host (or on their way) beyond the host hit cannot be prefetched again:
+    # stop before the first one.
+    for i in range(start, end):
+        if cache.index.placement(Tier.HOST, keys[i]) is not None:
+            end = i
+            break
+    requested = end - start
+    if requested < cache.settings.prefetch_min_pages:
+        return PrefetchResult(requested=requested, read=0, host_pages=start, page_size=ps,
+                              skipped="fewer pages than prefetch_min_pages")
+    if deadline is None:
+        deadline = storage.deadline_for(requested * ps)
+    wants = _wants(cache, start, end)
+    batch = cache.settings.prefetch_batch_pages
+    read = 0
+    cache.counters.add("prefetches")
+    pos = start
+    while pos < end:
+        stop = min(end, pos + batch)
+        n = await _batch(cache, keys[pos:stop], wants[pos - start : stop - start], deadline)
+        read += n
+        if n < stop - pos:
+            break
+        pos = stop
+    host = cache.index.match(keys, touch=False).host_pages
+    return PrefetchResult(requested=requested, read=read, host_pages=host, page_size=ps)
+
+
+async def _batch(
+    cache: HiCache, keys: Sequence[bytes], wants: Sequence[Sequence[PoolName]],
+    deadline: float | None,
+) -> int:
+    """One batch: the number of leading pages read."""
+    storage = cache.storage
+    if storage is None:  # pragma: no cover - checked by the caller
+        return 0
+    counts: dict[PoolName, int] = {}
+    for w in wants:
+        for p in w:
+            counts[p] = counts.get(p, 0) + 1
+    try:
+        ids = await cache.work.allocate(Tier.HOST, counts)
+    except OutOfSlotsError:
+        return 0
+    dests = _split(counts, ids, wants)
+    try:
+        ticket = cache.index.prepare_prefetch(keys, dests)
+    except CacheStateError:
+        cache.engine.free_host(ids)
+        return 0
+    oks: list[bool] | None = None
+    try:
+        oks = await storage.read(ticket.keys, ticket.dests, deadline=deadline)
+    finally:
+        with anyio.CancelScope(shield=True):
+            flags = list(oks) if oks is not None else [False] * len(ticket)
+            # A hit is the leading run of pages read: nothing after the first failure counts.
+            run = next((i for i, f in enumerate(flags) if not f), len(flags))
+            flags = [i < run for i in range(len(flags))]
+            acts = cache.index.complete(ticket, flags)
+            cache.work.free(acts.free)
+            failed = [k for k, f in zip(ticket.keys, flags, strict=True) if not f]
+            if failed:
+                cache.work.free(cache.index.drop(Tier.STORAGE, failed).free)
+            cache.counters.add("prefetched_pages", run)
+            cache.counters.add("bytes_prefetched", cache.work.bytes_of(ticket.dests[:run]))
+            if len(failed) and oks is not None:
+                cache.counters.add("store_failures", 1)
+    if acts.store:
+        await cache.work.store(acts.store, wait=False)
+    return run
