@@ -29,7 +29,6 @@ from types import TracebackType
 
 import anyio
 import anyio.abc
-import structlog
 
 from hicache.domain.errors import CacheStateError, ConfigError, EngineClosedError
 from hicache.domain.hybrid import GroupRules, Restore, needed_pages, usable_boundary
@@ -51,9 +50,10 @@ from hicache.engine.cache_values import (
 )
 from hicache.engine.cache_work import CacheWork, Counters, _split
 from hicache.engine.engine import TransferEngine
+from hicache.engine.logs import get_logger
 from hicache.engine.ranks import RankAgreement, SingleProcess
 
-log = structlog.get_logger("hicache.cache")
+log = get_logger("hicache.cache")
 
 
 class HiCache:

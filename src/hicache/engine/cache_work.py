@@ -14,7 +14,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import structlog
 
 from hicache.domain.errors import CacheStateError, OutOfSlotsError, TransferError
 from hicache.domain.pools import PoolName
@@ -22,8 +21,9 @@ from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Actions, Freed, PageOp, Placement, Ticket, Tier
 from hicache.engine.cache_storage import CacheStorage
 from hicache.engine.engine import TransferEngine
+from hicache.engine.logs import get_logger
 
-log = structlog.get_logger("hicache.cache")
+log = get_logger("hicache.cache")
 
 PageIds = dict[PoolName, list[int]]
 
