@@ -148,7 +148,7 @@ def test_an_entry_point_store_opens_by_name_and_nothing_else_loads(
     FakeEntryPoints(
         monkeypatch, mine=f"{plugins}.stores:PluginStore", trap=f"{plugins}.other:Nothing"
     )
-    assert store_names() == ["directory", "mine", "trap"]
+    assert store_names() == ["directory", "mooncake", "mine", "trap"]
     store = open_named_store("mine", {"x": 1})
     assert store.name == "plugin"
     assert store.config == {"x": 1}  # type: ignore[attr-defined]

@@ -1,8 +1,9 @@
 """Opening the storage (L3) tier: built-in stores, "dynamic" plug-ins and entry points.
 
 - StoreFactory: a callable from an extra config (a mapping) to an open Store.
-- register_store_factory / store_factories: the built-in stores by name ("directory"; the
-  composition root adds others, e.g. "mooncake", through register_store_factory).
+- register_store_factory / store_factories: the built-in stores by name ("directory", and
+  "mooncake": Mooncake Store on the cluster its settings name, or on a local master and storage
+  node started for it and stopped when the store closes); others through register_store_factory.
 - store_names: the names ``open_named_store`` accepts (built-ins, then entry points).
 - open_named_store: a store by name with its extra config.
 - open_store: the store that StorageSettings name.
@@ -11,7 +12,8 @@ How a backend name resolves (open_store):
   "dynamic"       the extra config's "module_path" + "class_name": exactly that class is
                   imported and called with the extra config; or, with only "backend_name",
                   the entry point of that name in group ``hicache.stores``. Nothing else loads.
-  a built-in      its factory ("directory": DirectoryStore, root from "root" or a temp dir).
+  a built-in      its factory ("directory": DirectoryStore, root from "root" or a temp dir;
+                  "mooncake": MooncakeStore, settings as docs/storage-mooncake.md says).
   any other name  the entry point of that name in group ``hicache.stores``, if one exists.
 The "allocator" key is not read here: host memory goes through
 hicache.domain.resolve_host_memory only. Errors: a name, module or class that cannot be found
@@ -31,6 +33,8 @@ from hicache.domain.storage import Store
 from hicache.domain.store_plugins import STORE_ENTRY_POINT_GROUP, StorePlugin
 
 StoreFactory = Callable[[Mapping[str, Any]], Store]
+# The memory a local Mooncake storage node mounts when no cluster is named (tests, benches).
+LOCAL_MOONCAKE_SEGMENT_BYTES = 2 << 30
 _PORT_METHODS = ("register", "exists", "get", "put", "remove", "health", "close")
 
 
@@ -40,8 +44,14 @@ def _open_directory(config: Mapping[str, Any]) -> Store:
     return DirectoryStore.from_config(config)
 
 
+def _open_mooncake(config: Mapping[str, Any]) -> Store:
+    from hicache.adapters.storage.mooncake_local import open_mooncake_or_local
+
+    return open_mooncake_or_local(config, segment_bytes=LOCAL_MOONCAKE_SEGMENT_BYTES)
+
+
 _lock = threading.Lock()
-_factories: dict[str, StoreFactory] = {"directory": _open_directory}
+_factories: dict[str, StoreFactory] = {"directory": _open_directory, "mooncake": _open_mooncake}
 
 
 def register_store_factory(name: str, factory: StoreFactory) -> None:

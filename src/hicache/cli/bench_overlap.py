@@ -85,8 +85,8 @@ def register(sub: Any) -> None:
     p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
     p.add_argument(
         "--layout",
-        default="page_first",
-        help="host layout: layer_first, page_first (default), page_first_direct",
+        default="page_first_direct",
+        help="host layout: layer_first, page_first, page_first_direct (default, the planner's)",
     )
     p.add_argument("--repeats", type=int, default=11, help="rounds; medians are reported (11)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")

@@ -60,8 +60,9 @@ def register(sub: Any) -> None:
     p.add_argument("--layers", type=int, default=32, help="layers of the pool (default 32)")
     p.add_argument(
         "--layout",
-        default="page_first",
-        help="host layout: layer_first, page_first (default), page_first_direct, page_head",
+        default="page_first_direct",
+        help="host layout: layer_first, page_first, page_first_direct (default, the planner's), "
+        "page_head",
     )
     p.add_argument("--repeats", type=int, default=5, help="rounds; medians are reported (5)")
     p.add_argument(

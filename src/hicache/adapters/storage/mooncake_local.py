@@ -11,6 +11,8 @@
 - mooncake_store: a MooncakeStore on the cluster the settings name, or, when none names a
   master, on a local cluster started for it (what `hicache bench storage --store mooncake` needs);
   closes the store and stops what it started.
+- open_mooncake_or_local: the same as one Store whose close() also stops the local cluster (the
+  "mooncake" factory of hicache.bootstrap.storage).
 
 The storage node is Mooncake's standalone client (``mooncake_client``): it mounts
 ``segment_bytes`` of its memory into the cluster, so pages put by a hicache process with a
@@ -27,12 +29,13 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from hicache.adapters.storage.mooncake import MooncakeStore
 from hicache.adapters.storage.mooncake_config import load_mooncake_config, names_master
 from hicache.domain import ConfigError, StoreError
+from hicache.domain.storage import PageBuffer, Store, StoreHealth, StoreKey, StoreStatus
 
 DEFAULT_SEGMENT_BYTES = 256 << 20
 START_TIMEOUT_S = 20.0
@@ -263,3 +266,68 @@ def mooncake_store(
         store = MooncakeStore.open(config, provide_host_memory=provide_host_memory)
         stack.callback(store.close)
         yield store, cluster
+
+
+class _ClusterStore:
+    """A MooncakeStore that owns the exit stack of what was started for it."""
+
+    def __init__(self, store: MooncakeStore, stack: contextlib.ExitStack, cluster: object) -> None:
+        self._store = store
+        self._stack = stack
+        self.cluster = cluster
+
+    @property
+    def name(self) -> str:
+        return self._store.name
+
+    def register(self, regions: Sequence[memoryview]) -> None:
+        self._store.register(regions)
+
+    def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
+        return self._store.exists(keys, deadline=deadline)
+
+    def get(
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
+    ) -> list[StoreStatus]:
+        return self._store.get(keys, buffers, deadline=deadline)
+
+    def put(
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
+    ) -> list[StoreStatus]:
+        return self._store.put(keys, buffers, deadline=deadline)
+
+    def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
+        return self._store.remove(keys)
+
+    def health(self) -> StoreHealth:
+        return self._store.health()
+
+    def close(self) -> None:
+        """Close the store, then stop the processes started for it; idempotent."""
+        self._stack.close()
+
+
+def open_mooncake_or_local(
+    extra_config: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> Store:
+    """A Mooncake store on the named cluster, or on a local one that its close() stops."""
+    stack = contextlib.ExitStack()
+    try:
+        store, cluster = stack.enter_context(
+            mooncake_store(extra_config, environ, segment_bytes=segment_bytes)
+        )
+    except BaseException:
+        stack.close()
+        raise
+    return _ClusterStore(store, stack, cluster)
