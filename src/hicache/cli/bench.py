@@ -5,6 +5,8 @@
 - bench engine: the engine's own costs, copies excluded (hicache.cli.bench_engine).
 - bench cache: page-key hashing and the prefix index's cost per page (hicache.cli.bench_cache).
 - bench storage: a store's put/get/exists against plain file I/O (hicache.cli.bench_storage).
+- bench soak: random cache operations with injected faults; leak and byte checks
+  (hicache.cli.bench_soak).
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    from hicache.cli import bench_cache, bench_copy, bench_engine, bench_overlap, bench_storage
+    from hicache.cli import (
+        bench_cache,
+        bench_copy,
+        bench_engine,
+        bench_overlap,
+        bench_soak,
+        bench_storage,
+    )
 
     p = sub.add_parser(
         "bench", help="measure copies, overlap and storage (ratios to a same-run baseline)"
@@ -24,3 +33,4 @@ def register(sub: Any) -> None:
     bench_engine.register(inner)
     bench_cache.register(inner)
     bench_storage.register(inner)
+    bench_soak.register(inner)
