@@ -27,8 +27,8 @@ class DevicePatterns:
     """Fill and check device pages with key-derived bytes (see the module docstring)."""
 
     def __init__(self, device: DeviceGroup, plan: HostGroupPlan) -> None:
-        self._views: dict[PoolName, list[tuple[str, torch.Tensor]]] = {}
-        self._words: dict[tuple[PoolName, str], torch.Tensor] = {}
+        # Per pool: (buffer name, (layers, pages, words per page-layer) int64 view, base words).
+        self._views: dict[PoolName, list[tuple[str, torch.Tensor, torch.Tensor]]] = {}
         for p in plan.pools:
             dp = device.pool(p.name)
             views = []
@@ -37,22 +37,24 @@ class DevicePatterns:
                 if stacked is None:  # wrapped framework tensors of differing strides
                     raise ValueError(f"pool {p.name.value!r} buffer {name!r} is not stacked")
                 raw = stacked.view(torch.uint8).reshape(stacked.shape[0], stacked.shape[1], -1)
-                views.append((name, raw))
-                per_page = raw.shape[0] * raw.shape[2]
-                words = torch.arange((per_page + 7) // 8, dtype=torch.int64)
-                self._words[(p.name, name)] = words * _M
+                if raw.shape[2] % 8:
+                    raise ValueError(
+                        f"pool {p.name.value!r} buffer {name!r}: {raw.shape[2]} B per page and "
+                        "layer, not a multiple of 8"
+                    )
+                words = raw.view(torch.int64)
+                base = torch.arange(words.shape[0] * words.shape[2], dtype=torch.int64) * _M
+                views.append((name, words, base.view(words.shape[0], words.shape[2])))
             self._views[p.name] = views
         anchor = plan.anchor.name
         self._sidecars = {
             anchor: tuple(p.name for p in plan.pools if p.role is PoolRole.SIDECAR)
         }
 
-    def _pattern(self, pool: PoolName, name: str, key: bytes, shape: torch.Size) -> torch.Tensor:
+    @staticmethod
+    def _seed(pool: PoolName, name: str, key: bytes) -> int:
         digest = hashlib.blake2b(key + pool.value.encode() + b"/" + name.encode()).digest()
-        s = int.from_bytes(digest[:8], "little", signed=True)
-        words = self._words[(pool, name)] + s
-        n = shape[0] * shape[1]
-        return words.view(torch.uint8)[:n].view(shape)
+        return int.from_bytes(digest[:8], "little", signed=True)
 
     def _pools(self, pool: PoolName) -> tuple[PoolName, ...]:
         return (pool, *self._sidecars.get(pool, ()))
@@ -60,16 +62,14 @@ class DevicePatterns:
     def fill(self, pool: PoolName, page: int, key: bytes) -> None:
         """Write the pattern of ``key`` into ``page`` of ``pool`` (and of its sidecars)."""
         for p in self._pools(pool):
-            for name, raw in self._views[p]:
-                slab = raw[:, page]
-                slab.copy_(self._pattern(p, name, key, slab.shape))
+            for name, words, base in self._views[p]:
+                torch.add(base, self._seed(p, name, key), out=words[:, page])
 
     def check(self, pool: PoolName, page: int, key: bytes) -> bool:
         """Whether ``page`` of ``pool`` (and of its sidecars) holds the pattern of ``key``."""
         for p in self._pools(pool):
-            for name, raw in self._views[p]:
-                slab = raw[:, page]
-                if not torch.equal(slab, self._pattern(p, name, key, slab.shape)):
+            for name, words, base in self._views[p]:
+                if not torch.equal(words[:, page], base + self._seed(p, name, key)):
                     return False
         return True
 

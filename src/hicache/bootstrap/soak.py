@@ -3,7 +3,7 @@
 - SoakSettings: ops, seed, stacks, page size, fault rates, and ``sabotage`` (deliberate bugs
   that show the checks can fail: "misroute" loads, "leak_slots", "leak_pins").
 - SoakReport: {"ops", "faults", "leaked_slots", "leaked_pins", "corrupt_pages", "seconds"}
-  plus per-operation and per-fault counts.
+  plus the process's CPU seconds, the pages byte-checked, per-operation and per-fault counts.
 - run_soak(settings) / soak(settings): one cache (open_cache on the CPU adapters, tiny
   capacities) per stack over a DirectoryStore in a temporary directory wrapped by FaultyStore,
   with FaultyTransfer around the copies; N operations (match + load, insert, prefetch, evict
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import random
+import resource
 import tempfile
 import time
 from collections import Counter
@@ -104,6 +105,7 @@ class SoakReport:
     leaked_pins: int
     corrupt_pages: int
     seconds: float
+    cpu_seconds: float
     checked_pages: int
     operations: dict[str, int]
     fault_kinds: dict[str, int]
@@ -313,11 +315,16 @@ def _plan(name: str, s: SoakSettings) -> tuple[Any, CacheSettings]:
     return plan, settings
 
 
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+    return usage.ru_utime + usage.ru_stime
+
+
 async def soak(settings: SoakSettings) -> SoakReport:
     """Run the soak of ``settings`` (see the module docstring)."""
     faults = Faults(settings.seed + 1)
     run = _Soak(settings, faults)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu()
     leaked_slots = leaked_pins = 0
     with tempfile.TemporaryDirectory(prefix="hicache-soak-") as tmp:
         stacks: list[_Stack] = []
@@ -374,6 +381,7 @@ async def soak(settings: SoakSettings) -> SoakReport:
         leaked_pins=leaked_pins,
         corrupt_pages=run.corrupt,
         seconds=round(time.perf_counter() - start, 3),
+        cpu_seconds=round(_cpu() - cpu, 3),
         checked_pages=run.checked,
         operations=dict(sorted(run.ops.items())),
         fault_kinds=dict(sorted(faults.counts.items())),

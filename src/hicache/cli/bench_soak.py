@@ -5,7 +5,7 @@
   or pin leaked or a restored page differed (the JSON still comes first), 2 for bad input.
 
 The JSON document: {"ops", "faults", "leaked_slots", "leaked_pins", "corrupt_pages", "seconds",
-"checked_pages", "operations": {op: n}, "fault_kinds": {kind: n}} (docs/bench-soak.md).
+"cpu_seconds", "checked_pages", "operations": {op: n}, "fault_kinds": {kind: n}} (docs/bench-soak.md).
 """
 
 from __future__ import annotations
