@@ -52,6 +52,8 @@ async def test_slots_and_pins_held_back_are_reported_as_leaks() -> None:
 def test_bad_soak_settings_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="stacks"):
         SoakSettings(stacks=("nope",))
+    with pytest.raises(ConfigError, match="write policy 'sometimes'"):
+        SoakSettings(host_writes=("sometimes",))
     with pytest.raises(ConfigError, match="sabotage"):
         SoakSettings(sabotage=frozenset({"explode"}))
     with pytest.raises(ConfigError, match="fail_rate"):

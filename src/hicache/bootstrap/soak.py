@@ -68,6 +68,7 @@ OPS = (
 STORE_FAULTS = StoreFaultRates(
     transient=0.03, full=0.02, fatal=0.01, slow=0.005, corrupt=0.03, slow_s=0.005
 )
+HOST_WRITES = ("write_through", "write_back", "write_through_selective")
 SABOTAGE = frozenset({"misroute", "leak_slots", "leak_pins"})
 KV = PoolName.KV
 
@@ -75,6 +76,13 @@ KV = PoolName.KV
 def _stacks(_inst: object, _attr: object, value: object) -> None:
     if not isinstance(value, tuple) or not value or any(v not in STACKS for v in value):
         raise ConfigError(f"stacks must be a non-empty tuple of {sorted(STACKS)}, got {value!r}")
+
+
+def _host_writes(_inst: object, _attr: object, value: object) -> None:
+    if not isinstance(value, tuple) or not value:
+        raise ConfigError(f"host_writes must be a non-empty tuple of policies, got {value!r}")
+    for policy in value:
+        WriteSettings(host=policy)  # a ConfigError names a bad one
 
 
 def _sabotage(_inst: object, _attr: object, value: object) -> None:
@@ -95,6 +103,8 @@ class SoakSettings:
     copy_fail_rate: float = 0.02
     store: StoreFaultRates = attrs.field(factory=lambda: STORE_FAULTS)
     sabotage: frozenset[str] = attrs.field(default=frozenset(), validator=_sabotage)
+    # The host write policy of the i-th stack is host_writes[i % len]; storage: write_through.
+    host_writes: tuple[str, ...] = attrs.field(default=HOST_WRITES, validator=_host_writes)
 
 
 @attrs.frozen(kw_only=True)
@@ -286,7 +296,7 @@ class _Soak:
         return leaked, pins
 
 
-def _plan(name: str, s: SoakSettings) -> tuple[Any, CacheSettings]:
+def _plan(name: str, s: SoakSettings, host_writes: str) -> tuple[Any, CacheSettings]:
     spec = load_model_spec(STACKS[name])
     plan = plan_stack(
         spec,
@@ -307,7 +317,7 @@ def _plan(name: str, s: SoakSettings) -> tuple[Any, CacheSettings]:
         breaker_cooldown_s=0.002,
     )
     settings = CacheSettings(
-        writes=WriteSettings(host="write_through", storage="write_through"),
+        writes=WriteSettings(host=host_writes, storage="write_through"),
         sliding_window=spec.sliding_window,
         checkpoints=CacheSettings().checkpoints,
         storage=tier,
@@ -331,8 +341,9 @@ async def soak(settings: SoakSettings) -> SoakReport:
         opened: list[CacheRuntime] = []
         stores: list[DirectoryStore] = []
         try:
-            for name in settings.stacks:
-                plan, cache_settings = _plan(name, settings)
+            for i, name in enumerate(settings.stacks):
+                policy = settings.host_writes[i % len(settings.host_writes)]
+                plan, cache_settings = _plan(name, settings, policy)
                 root = Path(tmp) / name
                 inner = DirectoryStore(DirectorySettings(root=str(root)))
                 stores.append(inner)
