@@ -22,14 +22,14 @@ def test_the_table_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "soak", "--ops", "10"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("10 ops, ")
-    assert "0 leaked slots, 0 leaked pins, 0 corrupt pages" in out
+    assert "0 leaked slots, 0 leaked pins, 0 corrupt pages, 0 errors" in out
 
 
-@pytest.mark.parametrize("value", ["0", "-3"])
-def test_a_bad_op_count_exits_2_with_one_line(
-    capsys: pytest.CaptureFixture[str], value: str
+@pytest.mark.parametrize(("flag", "value"), [("--ops", "0"), ("--ops", "-3"), ("--concurrency", "0")])
+def test_a_bad_count_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
 ) -> None:
-    assert main(["bench", "soak", "--ops", value]) == 2
+    assert main(["bench", "soak", flag, value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert "--ops must be a positive integer" in err[0]
+    assert f"{flag} must be a positive integer" in err[0]

@@ -17,6 +17,7 @@ async def test_a_short_soak_over_every_stack_leaks_nothing_and_restores_every_by
 ) -> None:
     report = await soak(SoakSettings(ops=500, seed=seed))
     assert (report.leaked_slots, report.leaked_pins, report.corrupt_pages) == (0, 0, 0)
+    assert report.errors == 0, report.error_samples
     assert report.faults > 0
     assert report.checked_pages > 0
     kinds = report.fault_kinds

@@ -3,7 +3,9 @@
 - SoakSettings: ops, seed, stacks, page size, fault rates, and ``sabotage`` (deliberate bugs
   that show the checks can fail: "misroute" loads, "leak_slots", "leak_pins").
 - SoakReport: {"ops", "faults", "leaked_slots", "leaked_pins", "corrupt_pages", "seconds"}
-  plus the process's CPU seconds, the pages byte-checked, per-operation and per-fault counts.
+  plus "errors" (typed errors the face raised where it should have served the call; counted,
+  the run goes on), the process's CPU seconds, the pages byte-checked, per-operation, per-fault
+  and per-error counts.
 - run_soak(settings) / soak(settings): one cache (open_cache on the CPU adapters, tiny
   capacities) per stack over a DirectoryStore in a temporary directory wrapped by FaultyStore,
   with FaultyTransfer around the copies; N operations (match + load, insert, prefetch, evict
@@ -39,7 +41,7 @@ from hicache.bootstrap.faults import (
     directory_corruptor,
 )
 from hicache.domain import ConfigError, PlanSettings, PoolName, plan_stack
-from hicache.domain.errors import OutOfSlotsError, TransferError
+from hicache.domain.errors import HiCacheError, OutOfSlotsError, TransferError
 from hicache.domain.keys import chain_keys
 from hicache.domain.ports import Transfer
 from hicache.domain.tiers import Tier, WriteSettings
@@ -103,6 +105,8 @@ class SoakSettings:
     copy_fail_rate: float = 0.02
     store: StoreFaultRates = attrs.field(factory=lambda: STORE_FAULTS)
     sabotage: frozenset[str] = attrs.field(default=frozenset(), validator=_sabotage)
+    # Requests in flight at once (1: one operation after another, deterministic for a seed).
+    concurrency: int = attrs.field(default=1, validator=positive_int)
     # The host write policy of the i-th stack is host_writes[i % len]; storage: write_through.
     host_writes: tuple[str, ...] = attrs.field(default=HOST_WRITES, validator=_host_writes)
 
@@ -114,11 +118,14 @@ class SoakReport:
     leaked_slots: int
     leaked_pins: int
     corrupt_pages: int
+    errors: int
     seconds: float
     cpu_seconds: float
     checked_pages: int
     operations: dict[str, int]
     fault_kinds: dict[str, int]
+    error_kinds: dict[str, int]
+    error_samples: list[str]
 
     def as_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -145,6 +152,8 @@ class _Soak:
         self.ops: Counter[str] = Counter()
         self.corrupt = 0
         self.checked = 0
+        self.errors: Counter[str] = Counter()
+        self.error_samples: list[str] = []
 
     # ---- requests ------------------------------------------------------------------------------
     def tokens(self) -> list[int]:
@@ -261,6 +270,14 @@ class _Soak:
         tokens = self.tokens()
         keys = chain_keys(tokens, self.s.page_size)
         st.keys.update(keys)
+        try:
+            await self._run(st, op, tokens, keys)
+        except HiCacheError as e:  # a call the face should have served: counted, not fatal
+            self.errors[f"{op}: {type(e).__name__}"] += 1
+            if len(self.error_samples) < 5:
+                self.error_samples.append(f"{st.name} {op}: {type(e).__name__}: {e}")
+
+    async def _run(self, st: _Stack, op: str, tokens: list[int], keys: list[bytes]) -> None:
         if op == "insert":
             await self.insert(st, tokens, keys)
         elif op in ("load", "cancel_load"):
@@ -368,8 +385,16 @@ async def soak(settings: SoakSettings) -> SoakReport:
             for st in stacks:
                 if "leak_slots" in settings.sabotage:
                     st.held = {KV: list(st.rt.runtime.device_slots.allocate({KV: 1}).pages[KV])}
-            for _ in range(settings.ops):
-                await run.step(run.rng.choice(stacks))
+            left = [settings.ops]
+
+            async def worker() -> None:
+                while left[0] > 0:
+                    left[0] -= 1
+                    await run.step(run.rng.choice(stacks))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(settings.concurrency):
+                    tg.start_soon(worker)
             for st in stacks:
                 await st.cache.wait_idle()
                 if "leak_pins" in settings.sabotage and st.keys:
@@ -391,11 +416,14 @@ async def soak(settings: SoakSettings) -> SoakReport:
         leaked_slots=leaked_slots,
         leaked_pins=leaked_pins,
         corrupt_pages=run.corrupt,
+        errors=sum(run.errors.values()),
         seconds=round(time.perf_counter() - start, 3),
         cpu_seconds=round(_cpu() - cpu, 3),
         checked_pages=run.checked,
         operations=dict(sorted(run.ops.items())),
         fault_kinds=dict(sorted(faults.counts.items())),
+        error_kinds=dict(sorted(run.errors.items())),
+        error_samples=run.error_samples,
     )
 
 

@@ -1,11 +1,13 @@
 """`hicache bench soak`: random cache operations over every stack with faults; leak and byte checks.
 
-- register(sub): the ``soak`` subcommand (``--ops N``, ``--seed S``, ``--json``).
+- register(sub): the ``soak`` subcommand (``--ops N``, ``--seed S``, ``--concurrency C``,
+  ``--json``).
 - run(args): runs hicache.bootstrap.soak.run_soak and prints its report; exits 1 when a slot
-  or pin leaked or a restored page differed (the JSON still comes first), 2 for bad input.
+  or pin leaked, a restored page differed or the face raised an error (the JSON still comes
+  first), 2 for bad input.
 
-The JSON document: {"ops", "faults", "leaked_slots", "leaked_pins", "corrupt_pages", "seconds",
-"cpu_seconds", "checked_pages", "operations": {op: n}, "fault_kinds": {kind: n}} (docs/bench-soak.md).
+The JSON document: {"ops", "faults", "leaked_slots", "leaked_pins", "corrupt_pages", "errors",
+"seconds", "cpu_seconds", "checked_pages", "operations": {op: n}, "fault_kinds": {kind: n}} (docs/bench-soak.md).
 """
 
 from __future__ import annotations
@@ -33,18 +35,22 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--ops", type=int, default=10_000, help="operations (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument(
+        "--concurrency", type=int, default=1, help="requests in flight at once (default 1)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if isinstance(args.ops, bool) or not isinstance(args.ops, int) or args.ops < 1:
-        raise ConfigError(f"--ops must be a positive integer, got {args.ops!r}")
+    for flag, value in (("ops", args.ops), ("concurrency", args.concurrency)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--{flag} must be a positive integer, got {value!r}")
     import structlog
 
     from hicache.bootstrap.soak import SoakSettings, run_soak
 
-    settings = SoakSettings(ops=args.ops, seed=args.seed)
+    settings = SoakSettings(ops=args.ops, seed=args.seed, concurrency=args.concurrency)
     was = structlog.is_configured()
     saved = dict(structlog.get_config())
     # Injected faults log a warning each; the report counts them.
@@ -66,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(
             f"{doc['ops']} ops, {doc['faults']} faults injected, {doc['checked_pages']} pages "
             f"checked in {doc['seconds']:.1f} s: {doc['leaked_slots']} leaked slots, "
-            f"{doc['leaked_pins']} leaked pins, {doc['corrupt_pages']} corrupt pages\n"
+            f"{doc['leaked_pins']} leaked pins, {doc['corrupt_pages']} corrupt pages, "
+            f"{doc['errors']} errors\n"
         )
-    bad = doc["leaked_slots"] or doc["leaked_pins"] or doc["corrupt_pages"]
+    bad = doc["leaked_slots"] or doc["leaked_pins"] or doc["corrupt_pages"] or doc["errors"]
     if bad:
-        sys.stderr.write("soak: leaks or corrupt pages found\n")
+        sys.stderr.write("soak: leaks, corrupt pages or errors found\n")
     return 1 if bad else 0
