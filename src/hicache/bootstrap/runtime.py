@@ -13,7 +13,7 @@ the copy backends and the streams.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -81,9 +81,15 @@ class Runtime:
             self._close_resources()
 
     async def aclose(self) -> None:
-        """Close the engine (draining submitted copies), then streams, device and host."""
+        """Close the engine (draining submitted copies), then streams, device and host.
+
+        The engine is left through ``__aexit__``, so its task group is exited too: an engine
+        closed with only ``aclose`` keeps its task group entered in the calling task, and the
+        next cancel scope that task exits (another runtime's, a ``move_on_after``) fails with
+        "Attempted to exit a cancel scope that isn't the current task's current cancel scope".
+        """
         try:
-            await self.engine.aclose()
+            await self.engine.__aexit__(None, None, None)
         finally:
             self._close_resources()
 
@@ -125,6 +131,7 @@ def open_runtime(
     device_pins: PinTable | None = None,
     name: str = "engine",
     device_ownership: str = "engine",
+    wrap_transfer: Callable[[Transfer], Transfer] | None = None,
 ) -> Runtime:
     """Materialise ``plan`` and wire an engine over it; enter the result with ``async with``.
 
@@ -134,8 +141,10 @@ def open_runtime(
     per-layer tensors (checked against the plan). ``backend`` picks the copy backend ("auto":
     the measured default per pool). ``device_ownership``: ``"engine"`` (the engine allocates
     device pages for loads that name none) or ``"framework"`` (the serving framework's allocator
-    owns every device page; loads and backups name theirs, see docs/engine.md). Everything built
-    so far is closed again if a step fails.
+    owns every device page; loads and backups name theirs, see docs/engine.md).
+    ``wrap_transfer``: a function that wraps the copy backend (a test or soak tool such as
+    ``hicache.bootstrap.faults.FaultyTransfer``). Everything built so far is closed again if a
+    step fails.
     """
     if not isinstance(plan, HostGroupPlan):
         raise ConfigError(f"open_runtime needs a HostGroupPlan, got {type(plan).__name__}")
@@ -162,7 +171,9 @@ def open_runtime(
                 )
         else:
             dev = DeviceGroup.allocate(plan, device=device, capacities=device_capacities)
-        transfer = make_transfer(host, dev, backend=backend)
+        transfer: Transfer = make_transfer(host, dev, backend=backend)
+        if wrap_transfer is not None:
+            transfer = wrap_transfer(transfer)
         streams = open_streams(str(dev.device))
         device_slots = _device_slots(plan, dev)
         engine = TransferEngine(

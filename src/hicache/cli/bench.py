@@ -6,6 +6,8 @@
 - bench cache: page-key hashing and the prefix index's cost per page (hicache.cli.bench_cache).
 - bench storage: a store's put/get/exists against plain file I/O (hicache.cli.bench_storage).
 - bench scale: copy time per byte and planner time per layer as sizes grow (hicache.cli.bench_scale).
+- bench soak: random cache operations with injected faults; leak and byte checks
+  (hicache.cli.bench_soak).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def register(sub: Any) -> None:
         bench_engine,
         bench_overlap,
         bench_scale,
+        bench_soak,
         bench_storage,
     )
 
@@ -33,3 +36,4 @@ def register(sub: Any) -> None:
     bench_cache.register(inner)
     bench_storage.register(inner)
     bench_scale.register(inner)
+    bench_soak.register(inner)

@@ -1,0 +1,250 @@
+"""Fault injectors for soak runs and tests: wrappers of the Transfer and Store ports.
+
+- Faults: a thread-safe seeded coin and the count of faults it injected, per kind.
+- FaultyTransfer(inner, faults, fail_rate, misroute_rate): a copy (load layer, backup) fails
+  with TransferError at ``fail_rate``; at ``misroute_rate`` a load copies from the wrong host
+  page (a deliberate bug, to show that a byte check catches it; 0 in a normal soak).
+- FaultyStore(inner, faults, rates, corrupt=None): per store call, answers TRANSIENT, FULL or
+  FATAL for every key without touching the store, or sleeps past the call's deadline
+  ("slow"); after a put that succeeded, damages the stored object at ``corrupt`` rate through
+  the ``corrupt(key)`` callback (bytes flipped on disk).
+- StoreFaultRates: the per-call probabilities of the store faults.
+- directory_corruptor(root): flips the last payload byte of a DirectoryStore object on disk.
+
+These are tools for ``hicache bench soak`` and for tests, never for serving.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+
+from hicache.adapters.storage.directory import SUFFIX, object_name
+from hicache.domain import ConfigError, TransferError
+from hicache.domain.ports import PageMap, Transfer
+from hicache.domain.storage import PageBuffer, Store, StoreHealth, StoreKey, StoreStatus
+
+
+def _probability(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{name} must be a probability in [0, 1], got {value!r}")
+
+
+def _rate(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
+    _probability(attribute.name, value)
+
+
+class Faults:
+    """A seeded coin shared by the injectors (thread-safe) and the count of injected faults."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+
+    def roll(self) -> float:
+        with self._lock:
+            return self._rng.random()
+
+    def note(self, kind: str) -> None:
+        with self._lock:
+            self.counts[kind] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class FaultyTransfer:
+    """The Transfer port over another, with injected copy failures (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: Transfer,
+        faults: Faults,
+        *,
+        fail_rate: float = 0.0,
+        misroute_rate: float = 0.0,
+    ) -> None:
+        _probability("fail_rate", fail_rate)
+        _probability("misroute_rate", misroute_rate)
+        self.inner = inner
+        self.faults = faults
+        self.fail_rate = fail_rate
+        self.misroute_rate = misroute_rate
+
+    @property
+    def transfer_layers(self) -> int:
+        return self.inner.transfer_layers
+
+    def _maybe_fail(self, what: str) -> None:
+        if self.fail_rate and self.faults.roll() < self.fail_rate:
+            self.faults.note(f"copy_{what}")
+            raise TransferError(f"injected {what} copy fault")
+
+    def _misroute(self, maps: Sequence[PageMap]) -> Sequence[PageMap]:
+        if not self.misroute_rate or self.faults.roll() >= self.misroute_rate:
+            return maps
+        self.faults.note("copy_misroute")
+        out = []
+        for m in maps:
+            host = m.host_pages
+            # Read the neighbouring host page instead: what an off-by-one in a copy plan does.
+            out.append(PageMap(m.pool, tuple(h ^ 1 for h in host), m.device_pages))
+        return out
+
+    def load_layer(self, layer: int, maps: Sequence[PageMap]) -> int:
+        self._maybe_fail("load")
+        return self.inner.load_layer(layer, self._misroute(maps))
+
+    def backup(self, maps: Sequence[PageMap]) -> int:
+        self._maybe_fail("backup")
+        return self.inner.backup(maps)
+
+    def backup_layer(self, layer: int, maps: Sequence[PageMap]) -> int:
+        self._maybe_fail("backup")
+        return self.inner.backup_layer(layer, maps)
+
+    def layer_bytes(self, layer: int, maps: Sequence[PageMap]) -> int:
+        return self.inner.layer_bytes(layer, maps)
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if callable(close):
+            close()
+
+
+@attrs.frozen(kw_only=True)
+class StoreFaultRates:
+    """Probabilities per store call (get / put / exists) of each injected fault."""
+
+    transient: float = attrs.field(default=0.0, validator=_rate)
+    full: float = attrs.field(default=0.0, validator=_rate)
+    fatal: float = attrs.field(default=0.0, validator=_rate)
+    slow: float = attrs.field(default=0.0, validator=_rate)
+    corrupt: float = attrs.field(default=0.0, validator=_rate)
+    slow_s: float = 0.03
+
+
+class FaultyStore:
+    """The Store port over another, with injected faults (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: Store,
+        faults: Faults,
+        rates: StoreFaultRates,
+        *,
+        corrupt: Callable[[StoreKey], bool] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.faults = faults
+        self.rates = rates
+        self._corrupt = corrupt
+
+    @property
+    def name(self) -> str:
+        return f"faulty-{self.inner.name}"
+
+    def _status(self, op: str, deadline: float | None) -> StoreStatus | None:
+        r = self.rates
+        x = self.faults.roll()
+        for kind, rate, status in (
+            ("transient", r.transient, StoreStatus.TRANSIENT),
+            ("fatal", r.fatal, StoreStatus.FATAL),
+            ("full", r.full if op == "put" else 0.0, StoreStatus.FULL),
+        ):
+            if x < rate:
+                self.faults.note(f"store_{op}_{kind}")
+                return status
+            x -= rate
+        if x < r.slow and deadline is not None:
+            self.faults.note(f"store_{op}_slow")
+            time.sleep(max(0.0, deadline - time.monotonic()) + r.slow_s)
+        return None
+
+    def register(self, regions: Sequence[memoryview]) -> None:
+        self.inner.register(regions)
+
+    def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
+        if self._status("exists", deadline) is not None:
+            return [False] * len(keys)
+        return self.inner.exists(keys, deadline=deadline)
+
+    def get(
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
+    ) -> list[StoreStatus]:
+        status = self._status("get", deadline)
+        if status is not None:
+            return [status] * len(keys)
+        return self.inner.get(keys, buffers, deadline=deadline)
+
+    def put(
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
+    ) -> list[StoreStatus]:
+        status = self._status("put", deadline)
+        if status is not None:
+            return [status] * len(keys)
+        out = self.inner.put(keys, buffers, deadline=deadline)
+        if self._corrupt is not None and self.rates.corrupt:
+            for key, st in zip(keys, out, strict=True):
+                if (
+                    st is StoreStatus.OK
+                    and self.faults.roll() < self.rates.corrupt
+                    and self._corrupt(key)
+                ):
+                    self.faults.note("store_corrupt")
+        return out
+
+    def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
+        return self.inner.remove(keys)
+
+    def health(self) -> StoreHealth:
+        return self.inner.health()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def directory_corruptor(root: str | Path) -> Callable[[StoreKey], bool]:
+    """A ``corrupt`` callback for a DirectoryStore at ``root``: flip its object's last byte."""
+    base = Path(root)
+
+    def corrupt(key: StoreKey) -> bool:
+        name = object_name(key)
+        path = base / name[:2] / f"{name}{SUFFIX}"
+        try:
+            with open(path, "r+b") as f:
+                f.seek(-1, os.SEEK_END)
+                byte = f.read(1)
+                f.seek(-1, os.SEEK_END)
+                f.write(bytes([byte[0] ^ 0xFF]))
+        except (OSError, ValueError):
+            return False
+        return True
+
+    return corrupt
+
+
+__all__ = [
+    "Faults",
+    "FaultyStore",
+    "FaultyTransfer",
+    "StoreFaultRates",
+    "directory_corruptor",
+]
