@@ -213,21 +213,17 @@ class HiCache:
                     out[i] = out[i] | {self._owner[r.pool]}
         return out
 
-    async def match(self, token_ids: Sequence[int]) -> CacheMatch:
-        """The agreed, pinned hit of ``token_ids`` (see CacheMatch)."""
-        self._check_open("match")
-        keys = chain_keys(token_ids, self.page_size)
-        m = self.index.match(keys)
-        dev_at = [self.index.placement(Tier.DEVICE, k) for k in keys[: m.host_pages]]
-        if self._single_owner:
-            # Every placement holds the one owner: the index's boundaries are the loadable ones.
-            host_at: list[Placement | None] = []
-            d, h = m.device_pages, m.host_pages
-        else:
-            host_at = [self.index.placement(Tier.HOST, k) for k in keys[: m.host_pages]]
-            d = self._boundary(m.device_pages, dev_at, None)
-            h = self._boundary(m.host_pages, dev_at, host_at)
-        s = max(h, m.storage_pages)
+    async def _agree(
+        self,
+        keys: Sequence[bytes],
+        stored: int,
+        d: int,
+        h: int,
+        dev_at: Sequence[Placement | None],
+        host_at: Sequence[Placement | None],
+    ) -> tuple[int, ...]:
+        """The storage hint, then (device, host, storage) agreed over the TP ranks."""
+        s = max(h, stored)
         if self.storage is not None:
             s = await storage_boundary(self, keys, s)
         agreed = await self.ranks.agree_min((d, h, s))
@@ -243,20 +239,49 @@ class HiCache:
             if again == agreed:
                 break
             agreed = again
-        d, h, s = agreed
-        needed = self._needed(h)
+        return agreed
+
+    async def match(self, token_ids: Sequence[int]) -> CacheMatch:
+        """The agreed, pinned hit of ``token_ids`` (see CacheMatch)."""
+        self._check_open("match")
+        keys = chain_keys(token_ids, self.page_size)
+        m = self.index.match(keys)
+        dev_at = [self.index.placement(Tier.DEVICE, k) for k in keys[: m.host_pages]]
+        if self._single_owner:
+            # Every placement holds the one owner: the index's boundaries are the loadable ones.
+            host_at: list[Placement | None] = []
+            d, h = m.device_pages, m.host_pages
+        else:
+            host_at = [self.index.placement(Tier.HOST, k) for k in keys[: m.host_pages]]
+            d = self._boundary(m.device_pages, dev_at, None)
+            h = self._boundary(m.host_pages, dev_at, host_at)
+        # Pin what was read before any await: a concurrent eviction during the storage hint
+        # or the TP agreement must not take pages this match is about to return.
         sources = [Tier.DEVICE if dev_at[i] is not None else Tier.HOST for i in range(h)]
-        pins = MatchPins()
         dev_keys = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
         host_keys = [keys[i] for i in range(h) if sources[i] is Tier.HOST]
         self.index.pin(Tier.DEVICE, dev_keys)
-        pins.device = dev_keys
         try:
             self.index.pin(Tier.HOST, host_keys)
         except BaseException:
             self.index.unpin(Tier.DEVICE, dev_keys)
             raise
-        pins.host = host_keys
+        try:
+            d, h, s = await self._agree(keys, m.storage_pages, d, h, dev_at, host_at)
+        except BaseException:
+            self.index.unpin(Tier.DEVICE, dev_keys)
+            self.index.unpin(Tier.HOST, host_keys)
+            raise
+        # Keep the pins of the agreed hit only.
+        extra_dev = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.DEVICE]
+        extra_host = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.HOST]
+        self.index.unpin(Tier.DEVICE, extra_dev)
+        self.index.unpin(Tier.HOST, extra_host)
+        sources = sources[:h]
+        needed = self._needed(h)
+        pins = MatchPins()
+        pins.device = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
+        pins.host = [keys[i] for i in range(h) if sources[i] is Tier.HOST]
         self._count_match(len(token_ids), d, h, s)
         return CacheMatch(
             self,

@@ -24,16 +24,15 @@ if TYPE_CHECKING:
 
 
 async def join_loads(cache: HiCache, match: CacheMatch) -> None:
-    """Pages of ``match`` that another load is bringing to the device: wait for that load,
-    then take them from the device instead of loading them twice (pins move with them)."""
+    """Pages of ``match`` that another load is bringing to the device: wait for that load; then
+    take every page now on the device from there instead of loading it twice (pins move with
+    them), including pages a load finished while the match awaited its agreement."""
     while True:
         others = {
             id(ld): ld
             for i, key in enumerate(match.keys[: len(match.sources)])
             if match.sources[i] is Tier.HOST and (ld := cache.loading.get(key)) is not None
         }
-        if not others:
-            return
         for other in others.values():
             await other.settled()
         if match.released:
@@ -54,6 +53,8 @@ async def join_loads(cache: HiCache, match: CacheMatch) -> None:
             gone = set(moved)
             pins.host = [k for k in pins.host if k not in gone]
         match.set_sources(sources)
+        if not others:
+            return
 
 async def settle_load(
     cache: HiCache, load: CacheLoad, handle: LoadHandle, ticket: Any, allocated: bool
