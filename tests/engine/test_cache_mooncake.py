@@ -7,27 +7,14 @@ store makes the hit the leading run actually read. Skipped without the Mooncake 
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Iterator
 
 import attrs
 import pytest
 
+from tests.storage.mooncake_support import require_mooncake
 
-def _wheel_problem() -> str | None:
-    try:
-        importlib.import_module("mooncake.store")
-    except Exception as e:
-        return f"the Mooncake client cannot be imported ({e})"
-    return None
-
-
-_PROBLEM = _wheel_problem()
-if _PROBLEM is not None:
-    if os.environ.get("HICACHE_REQUIRE_MOONCAKE") == "1":
-        raise RuntimeError(f"HICACHE_REQUIRE_MOONCAKE=1 but {_PROBLEM}")
-    pytest.skip(_PROBLEM, allow_module_level=True)
+require_mooncake()
 
 from hicache.adapters.storage.mooncake import MooncakeStore  # noqa: E402
 from hicache.adapters.storage.mooncake_config import load_mooncake_config  # noqa: E402

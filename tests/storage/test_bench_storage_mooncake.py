@@ -10,7 +10,7 @@ import pytest
 
 from hicache.cli import main
 from hicache.cli.bench_storage import KEYS
-from tests.storage.test_mooncake import _PROBLEM
+from tests.storage.mooncake_support import PROBLEM
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.timeout(120)]
 
@@ -33,7 +33,7 @@ def _mooncake_children() -> set[int]:
 
 
 def test_bench_starts_and_stops_a_local_cluster(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _PROBLEM is None
+    assert PROBLEM is None
     assert _mooncake_children() == set()
     assert main(["bench", "storage", "--store", "mooncake", "--json", *TINY]) == 0
     doc = json.loads(capsys.readouterr().out.strip())

@@ -6,7 +6,6 @@ HICACHE_REQUIRE_MOONCAKE=1 (CI sets it): then a missing wheel fails the run.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import time
@@ -31,21 +30,9 @@ from hicache.domain import (
 )
 from hicache.domain.storage import PageBuffer, Store, StoreKey, StoreStatus
 from tests.adapters.test_pools import group_plan
+from tests.storage.mooncake_support import require_mooncake
 
-
-def _wheel_problem() -> str | None:
-    try:
-        importlib.import_module("mooncake.store")
-    except Exception as e:  # ImportError, or OSError for a missing libibverbs.so.1
-        return f"the Mooncake client cannot be imported ({e}): pip install 'hicache[mooncake]'"
-    return None
-
-
-_PROBLEM = _wheel_problem()
-if _PROBLEM is not None:
-    if os.environ.get("HICACHE_REQUIRE_MOONCAKE") == "1":
-        raise RuntimeError(f"HICACHE_REQUIRE_MOONCAKE=1 but {_PROBLEM}")
-    pytest.skip(_PROBLEM, allow_module_level=True)
+require_mooncake()
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.timeout(60)]
 
