@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +361,16 @@ class DirectoryStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
+        return self._batch(keys, buffers, deadline, self._get_one)
+
+    def _batch(
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        deadline: float | None,
+        one: Callable[[StoreKey, PageBuffer], StoreStatus],
+    ) -> list[StoreStatus]:
+        """``one`` per page in order; FATAL once closed, TRANSIENT once the deadline has passed."""
         check_batch(keys, buffers)
         deadline = self._deadline(deadline)
         out = []
@@ -370,7 +380,7 @@ class DirectoryStore:
             elif deadline is not None and time.monotonic() >= deadline:
                 out.append(StoreStatus.TRANSIENT)
             else:
-                out.append(self._get_one(key, buffer))
+                out.append(one(key, buffer))
         return out
 
     def _get_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
@@ -425,17 +435,7 @@ class DirectoryStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        check_batch(keys, buffers)
-        deadline = self._deadline(deadline)
-        out = []
-        for key, buffer in zip(keys, buffers, strict=True):
-            if self._closed:
-                out.append(StoreStatus.FATAL)
-            elif deadline is not None and time.monotonic() >= deadline:
-                out.append(StoreStatus.TRANSIENT)
-            else:
-                out.append(self._put_one(key, buffer))
-        return out
+        return self._batch(keys, buffers, deadline, self._put_one)
 
     def _put_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
         segments = _segments(buffer)
