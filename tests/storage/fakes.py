@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hicache.domain.storage import (
     PageBuffer,
@@ -122,7 +122,18 @@ class FakeStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        self._enter("get")
+        return self._batch("get", keys, buffers, deadline, self._read)
+
+    def _batch(
+        self,
+        op: str,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        deadline: float | None,
+        one: Callable[[StoreKey, PageBuffer], StoreStatus],
+    ) -> list[StoreStatus]:
+        """``one`` per page in order, unless closed (FATAL), late (TRANSIENT) or faulted."""
+        self._enter(op)
         check_batch(keys, buffers)
         out = []
         for key, buffer in zip(keys, buffers, strict=True):
@@ -130,10 +141,10 @@ class FakeStore:
                 out.append(StoreStatus.FATAL)
             elif self._late(deadline):
                 out.append(StoreStatus.TRANSIENT)
-            elif (fault := self._fault("get", key)) is not None:
+            elif (fault := self._fault(op, key)) is not None:
                 out.append(fault)
             else:
-                out.append(self._read(key, buffer))
+                out.append(one(key, buffer))
         return out
 
     def _read(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
@@ -157,26 +168,16 @@ class FakeStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        self._enter("put")
-        check_batch(keys, buffers)
-        out = []
-        for key, buffer in zip(keys, buffers, strict=True):
-            if self.closed:
-                out.append(StoreStatus.FATAL)
-            elif self._late(deadline):
-                out.append(StoreStatus.TRANSIENT)
-            elif (fault := self._fault("put", key)) is not None:
-                out.append(fault)
-            else:
-                data = b"".join(bytes(seg) for seg in buffer)
-                with self._lock:
-                    used = sum(len(v) for k, v in self.objects.items() if k != key)
-                    if self.capacity_bytes is not None and used + len(data) > self.capacity_bytes:
-                        out.append(StoreStatus.FULL)
-                        continue
-                    self.objects[key] = data
-                out.append(StoreStatus.OK)
-        return out
+        return self._batch("put", keys, buffers, deadline, self._write)
+
+    def _write(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
+        data = b"".join(bytes(seg) for seg in buffer)
+        with self._lock:
+            used = sum(len(v) for k, v in self.objects.items() if k != key)
+            if self.capacity_bytes is not None and used + len(data) > self.capacity_bytes:
+                return StoreStatus.FULL
+            self.objects[key] = data
+        return StoreStatus.OK
 
     def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
         self._enter("remove")
