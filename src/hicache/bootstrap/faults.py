@@ -26,10 +26,11 @@ from pathlib import Path
 
 import attrs
 
+from hicache.adapters.storage.delegating import DelegatingStore
 from hicache.adapters.storage.directory import SUFFIX, object_name
 from hicache.domain import ConfigError, TransferError
 from hicache.domain.ports import PageMap, Transfer
-from hicache.domain.storage import PageBuffer, Store, StoreHealth, StoreKey, StoreStatus
+from hicache.domain.storage import PageBuffer, Store, StoreKey, StoreStatus
 
 
 def _probability(name: str, value: object) -> None:
@@ -133,7 +134,7 @@ class StoreFaultRates:
     slow_s: float = 0.03
 
 
-class FaultyStore:
+class FaultyStore(DelegatingStore):
     """The Store port over another, with injected faults (see the module docstring)."""
 
     def __init__(
@@ -144,7 +145,7 @@ class FaultyStore:
         *,
         corrupt: Callable[[StoreKey], bool] | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.faults = faults
         self.rates = rates
         self._corrupt = corrupt
@@ -169,9 +170,6 @@ class FaultyStore:
             self.faults.note(f"store_{op}_slow")
             time.sleep(max(0.0, deadline - time.monotonic()) + r.slow_s)
         return None
-
-    def register(self, regions: Sequence[memoryview]) -> None:
-        self.inner.register(regions)
 
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
         if self._status("exists", deadline) is not None:
@@ -210,15 +208,6 @@ class FaultyStore:
                 ):
                     self.faults.note("store_corrupt")
         return out
-
-    def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
-        return self.inner.remove(keys)
-
-    def health(self) -> StoreHealth:
-        return self.inner.health()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def directory_corruptor(root: str | Path) -> Callable[[StoreKey], bool]:

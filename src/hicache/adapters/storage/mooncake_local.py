@@ -29,13 +29,14 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from hicache.adapters.storage.delegating import DelegatingStore
 from hicache.adapters.storage.mooncake import MooncakeStore
 from hicache.adapters.storage.mooncake_config import load_mooncake_config, names_master
 from hicache.domain import ConfigError, StoreError
-from hicache.domain.storage import PageBuffer, Store, StoreHealth, StoreKey, StoreStatus
+from hicache.domain.storage import Store
 
 DEFAULT_SEGMENT_BYTES = 256 << 20
 START_TIMEOUT_S = 20.0
@@ -268,47 +269,13 @@ def mooncake_store(
         yield store, cluster
 
 
-class _ClusterStore:
+class _ClusterStore(DelegatingStore):
     """A MooncakeStore that owns the exit stack of what was started for it."""
 
     def __init__(self, store: MooncakeStore, stack: contextlib.ExitStack, cluster: object) -> None:
-        self._store = store
+        super().__init__(store)
         self._stack = stack
         self.cluster = cluster
-
-    @property
-    def name(self) -> str:
-        return self._store.name
-
-    def register(self, regions: Sequence[memoryview]) -> None:
-        self._store.register(regions)
-
-    def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
-        return self._store.exists(keys, deadline=deadline)
-
-    def get(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        return self._store.get(keys, buffers, deadline=deadline)
-
-    def put(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        return self._store.put(keys, buffers, deadline=deadline)
-
-    def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
-        return self._store.remove(keys)
-
-    def health(self) -> StoreHealth:
-        return self._store.health()
 
     def close(self) -> None:
         """Close the store, then stop the processes started for it; idempotent."""
