@@ -96,6 +96,11 @@ def _deepseek_v32(config: Mapping[str, Any]) -> ModelSpec:
     return attrs.evolve(base, indexer=indexer)
 
 
+def _every_nth_full(n: int, interval: int, other: LayerKind) -> tuple[LayerKind, ...]:
+    """Layers 1..n where every ``interval``-th is full attention and the rest are ``other``."""
+    return tuple(LayerKind.FULL_ATTENTION if (i + 1) % interval == 0 else other for i in range(n))
+
+
 def _sliding(config: Mapping[str, Any]) -> ModelSpec:
     n = _layers(config)
     kinds = _layer_types(config, n)
@@ -105,10 +110,7 @@ def _sliding(config: Mapping[str, Any]) -> ModelSpec:
             raise ConfigError(
                 f"{config['model_type']} config needs layer_types or sliding_window_pattern"
             )
-        kinds = tuple(
-            LayerKind.FULL_ATTENTION if (i + 1) % pattern == 0 else LayerKind.SLIDING_ATTENTION
-            for i in range(n)
-        )
+        kinds = _every_nth_full(n, pattern, LayerKind.SLIDING_ATTENTION)
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=kinds,
@@ -150,10 +152,7 @@ def _qwen3_next(config: Mapping[str, Any]) -> ModelSpec:
     kinds = _layer_types(config, n)
     if kinds is None:
         interval = _int(config, "full_attention_interval")
-        kinds = tuple(
-            LayerKind.FULL_ATTENTION if (i + 1) % interval == 0 else LayerKind.LINEAR_ATTENTION
-            for i in range(n)
-        )
+        kinds = _every_nth_full(n, interval, LayerKind.LINEAR_ATTENTION)
     return ModelSpec(
         model_type=str(config["model_type"]),
         layer_kinds=kinds,
@@ -322,6 +321,20 @@ def _mamba_head(config: Mapping[str, Any], intermediate: int, heads: int) -> int
     return _int(config, "mamba_d_head")
 
 
+def _mamba_state(
+    config: Mapping[str, Any], heads: int, head: int, intermediate: int | None = None
+) -> Mamba2Spec:
+    """The Mamba2 mixer from the ``mamba_``-prefixed fields (Falcon-H1, GraniteMoeHybrid)."""
+    return Mamba2Spec(
+        heads=heads,
+        head_dim=head,
+        state_size=_int(config, "mamba_d_state"),
+        n_groups=_int(config, "mamba_n_groups"),
+        conv_kernel=_int(config, "mamba_d_conv"),
+        intermediate=intermediate,
+    )
+
+
 def _falcon_h1(config: Mapping[str, Any]) -> ModelSpec:
     n = _layers(config)
     hidden = _int(config, "hidden_size")
@@ -334,14 +347,7 @@ def _falcon_h1(config: Mapping[str, Any]) -> ModelSpec:
         model_type=str(config["model_type"]),
         layer_kinds=(LayerKind.FULL_ATTENTION,) * n,
         attention=_attention(config),
-        state=Mamba2Spec(
-            heads=heads,
-            head_dim=head,
-            state_size=_int(config, "mamba_d_state"),
-            n_groups=_int(config, "mamba_n_groups"),
-            conv_kernel=_int(config, "mamba_d_conv"),
-            intermediate=intermediate,
-        ),
+        state=_mamba_state(config, heads, head, intermediate),
         state_layers=tuple(range(n)),
         dtype=_dtype(config),
     )
@@ -361,13 +367,7 @@ def _granite_hybrid(config: Mapping[str, Any]) -> ModelSpec:
         model_type=str(config["model_type"]),
         layer_kinds=tuple(table[t] for t in types[:n]),
         attention=_attention(config),
-        state=Mamba2Spec(
-            heads=heads,
-            head_dim=head,
-            state_size=_int(config, "mamba_d_state"),
-            n_groups=_int(config, "mamba_n_groups"),
-            conv_kernel=_int(config, "mamba_d_conv"),
-        ),
+        state=_mamba_state(config, heads, head),
         dtype=_dtype(config),
     )
 
