@@ -17,31 +17,16 @@ INVALID are answers, not store failures). Not thread-safe: one owner (the event 
 from __future__ import annotations
 
 import enum
-import math
-from typing import Any
 
 import attrs
 
-from hicache.domain.errors import ConfigError
-from hicache.domain.validators import positive_int
+from hicache.domain.validators import nonneg_seconds, positive_int
 
 
 class BreakerState(enum.Enum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
-
-
-def _cooldown(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ConfigError(
-            f"{attribute.name} must be a finite number of seconds >= 0, got {value!r}"
-        )
 
 
 @attrs.frozen
@@ -59,7 +44,7 @@ class Breaker:
     """Closed -> open after ``threshold`` consecutive failures; half-open after ``cooldown_s``."""
 
     threshold: int = attrs.field(default=5, validator=positive_int)
-    cooldown_s: float = attrs.field(default=10.0, validator=_cooldown)
+    cooldown_s: float = attrs.field(default=10.0, validator=nonneg_seconds)
     _state: BreakerState = attrs.field(default=BreakerState.CLOSED, init=False)
     _failures: int = attrs.field(default=0, init=False)
     _opened_at: float | None = attrs.field(default=None, init=False)

@@ -4,6 +4,7 @@
 - optional_positive_int: None or such an int.
 - nonneg_int: an int in [0, MAX_UNITS].
 - is_int: an int that is not a bool.
+- nonneg_seconds: a finite int or float >= 0 (bool refused).
 
 MAX_UNITS (hicache.domain.limits, 2**40) is far above any real count of layers, heads, tokens or
 slots; a larger value is refused before anything is sized from it.
@@ -11,6 +12,7 @@ slots; a larger value is refused before anything is sized from it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -47,3 +49,15 @@ def nonneg_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> No
         raise ConfigError(f"{attribute.name} must be a non-negative integer, got {_short(value)}")
     if value > MAX_UNITS:
         raise ConfigError(f"{attribute.name} must be at most {MAX_UNITS}, got {_short(value)}")
+
+
+def nonneg_seconds(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError(
+            f"{attribute.name} must be a finite number of seconds >= 0, got {value!r}"
+        )

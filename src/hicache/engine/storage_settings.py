@@ -17,7 +17,6 @@ python/sglang/srt/managers/cache_controller.py.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ import attrs
 
 from hicache.domain.breaker import BreakerSnapshot
 from hicache.domain.errors import ConfigError
-from hicache.domain.validators import positive_int
+from hicache.domain.validators import nonneg_seconds, positive_int
 
 
 class PrefetchPolicy(enum.Enum):
@@ -49,20 +48,8 @@ def _policy(value: str | PrefetchPolicy) -> PrefetchPolicy:
     return PrefetchPolicy.parse(value)
 
 
-def _seconds(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ConfigError(
-            f"{attribute.name} must be a finite number of seconds >= 0, got {value!r}"
-        )
-
-
 def _positive_seconds(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    _seconds(inst, attribute, value)
+    nonneg_seconds(inst, attribute, value)
     if value == 0:
         raise ConfigError(f"{attribute.name} must be > 0 seconds, got {value!r}")
 
@@ -72,15 +59,15 @@ class StorageTierSettings:
     """How the storage tier calls its store. Every field is checked; a bad one is a ConfigError."""
 
     prefetch_policy: PrefetchPolicy = attrs.field(default=PrefetchPolicy.TIMEOUT, converter=_policy)
-    timeout_base_s: float = attrs.field(default=2.0, validator=_seconds)
-    timeout_per_ki_token_s: float = attrs.field(default=0.1, validator=_seconds)
-    timeout_max_s: float = attrs.field(default=30.0, validator=_seconds)
+    timeout_base_s: float = attrs.field(default=2.0, validator=nonneg_seconds)
+    timeout_per_ki_token_s: float = attrs.field(default=0.1, validator=nonneg_seconds)
+    timeout_max_s: float = attrs.field(default=30.0, validator=nonneg_seconds)
     batch_pages: int = attrs.field(default=32, validator=positive_int)  # pages per store call
     max_concurrency: int = attrs.field(default=4, validator=positive_int)  # store calls at once
     call_deadline_s: float = attrs.field(default=5.0, validator=_positive_seconds)
     write_queue: int = attrs.field(default=256, validator=positive_int)  # background writes
     breaker_threshold: int = attrs.field(default=5, validator=positive_int)
-    breaker_cooldown_s: float = attrs.field(default=10.0, validator=_seconds)
+    breaker_cooldown_s: float = attrs.field(default=10.0, validator=nonneg_seconds)
 
     def __attrs_post_init__(self) -> None:
         if self.timeout_max_s < self.timeout_base_s:
