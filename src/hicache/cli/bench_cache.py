@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from hicache.cli._options import positive_option
 from hicache.domain import (
     ConfigError,
     GroupRules,
@@ -66,12 +67,6 @@ def register(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=15, help="rounds; medians are reported (15)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
-
-
-def _positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def _sizes(text: str) -> list[int]:
@@ -206,12 +201,12 @@ def measure(
 
 def run(args: argparse.Namespace) -> int:
     result = measure(
-        pages_max=_positive("pages-max", args.pages_max),
-        tokens=_positive("tokens", args.tokens),
-        page_size=_positive("page-size", args.page_size),
+        pages_max=positive_option("pages-max", args.pages_max),
+        tokens=positive_option("tokens", args.tokens),
+        page_size=positive_option("page-size", args.page_size),
         request_page_sizes=_sizes(args.request_page_sizes),
-        batch=_positive("batch", args.batch),
-        repeats=_positive("repeats", args.repeats),
+        batch=positive_option("batch", args.batch),
+        repeats=positive_option("repeats", args.repeats),
     )
     if args.json:
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS}) + "\n")

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hicache.domain import ConfigError, Layout
+from hicache.cli._options import positive_option
+from hicache.domain import Layout
 
 KEYS = (
     "store",
@@ -74,12 +75,6 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def _human(doc: dict[str, Any]) -> str:
     from hicache.cli._format import human_bytes
 
@@ -99,9 +94,9 @@ def run(args: argparse.Namespace) -> int:
     from hicache.bootstrap.storage import open_named_store
     from hicache.cli.bench_overlap import bench_plan
 
-    pages = _positive("pages", args.pages)
-    page_size = _positive("page-size", args.page_size)
-    repeats = _positive("repeats", args.repeats)
+    pages = positive_option("pages", args.pages)
+    page_size = positive_option("page-size", args.page_size)
+    repeats = positive_option("repeats", args.repeats)
     plan = bench_plan(
         layers=args.layers,
         tokens=pages * page_size,
