@@ -8,13 +8,8 @@ background backups, storage writes and the engine's copies, at a random moment.)
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +24,7 @@ from hicache.domain import PlanSettings, PoolName, plan_stack
 from hicache.domain.keys import chain_keys
 from hicache.domain.tiers import Tier, WriteSettings
 from hicache.engine.cache_values import CacheSettings
+from tests.child_process import kill_after_first_line
 
 KV = PoolName.KV
 PAGES = 6
@@ -90,29 +86,7 @@ anyio.run(main)
 
 
 def run_and_kill(root: Path, delay: float) -> list[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(CHILD), str(root)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        cwd=Path(__file__).parents[2],
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        assert line[:1] == ["ready"], line
-        proc.stdout.close()
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    return line[1:]
+    return kill_after_first_line(CHILD, [str(root)], "ready", delay, stderr=subprocess.DEVNULL)
 
 
 @pytest.mark.asyncio

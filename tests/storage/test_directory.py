@@ -5,10 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import random
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,6 +14,7 @@ from hicache.adapters.storage import Checksum, DirectorySettings, DirectoryStore
 from hicache.adapters.storage.format import HEADER_SPAN
 from hicache.domain import ConfigError, StoreError
 from hicache.domain.storage import StoreKey, StoreStatus
+from tests.child_process import kill_after_first_line
 from tests.storage.conftest import empty, joined, key, page
 
 OK, MISS = StoreStatus.OK, StoreStatus.MISS
@@ -72,25 +69,8 @@ store.put([key(1)], [[memoryview(bytes([fill]) * nbytes)]])
 
 def kill_writer(root: Path, nbytes: int, fill: int, mode: str, delay: float = 0.0) -> None:
     """Run a writer in a fresh process and SIGKILL it once it says it is mid-write."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(WRITER), str(root), str(nbytes), str(fill), mode],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=Path(__file__).parents[2],
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "mid-write"
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    args = [str(root), str(nbytes), str(fill), mode]
+    assert kill_after_first_line(WRITER, args, "mid-write", delay) == []
 
 
 NBYTES = 1 << 20
