@@ -17,7 +17,7 @@ import hashlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +58,20 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def _chunks(views: list[memoryview]) -> Iterator[memoryview]:
+    """The views in order, each cut into pieces of at most CHUNK bytes."""
+    for view in views:
+        for off in range(0, view.nbytes, CHUNK):
+            yield view[off : off + CHUNK]
+
+
 def _raw_write(path: Path, views: list[memoryview]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        for view in views:
-            for off in range(0, view.nbytes, CHUNK):
-                chunk = view[off : off + CHUNK]
-                done = 0
-                while done < chunk.nbytes:
-                    done += os.write(fd, chunk[done:])
+        for chunk in _chunks(views):
+            done = 0
+            while done < chunk.nbytes:
+                done += os.write(fd, chunk[done:])
     finally:
         os.close(fd)
 
@@ -74,15 +79,13 @@ def _raw_write(path: Path, views: list[memoryview]) -> None:
 def _raw_read(path: Path, views: list[memoryview]) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        for view in views:
-            for off in range(0, view.nbytes, CHUNK):
-                chunk = view[off : off + CHUNK]
-                done = 0
-                while done < chunk.nbytes:
-                    got = os.readv(fd, [chunk[done:]])
-                    if got == 0:
-                        raise StoreError(f"raw file {str(path)!r} ended early")
-                    done += got
+        for chunk in _chunks(views):
+            done = 0
+            while done < chunk.nbytes:
+                got = os.readv(fd, [chunk[done:]])
+                if got == 0:
+                    raise StoreError(f"raw file {str(path)!r} ended early")
+                done += got
     finally:
         os.close(fd)
 
