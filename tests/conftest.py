@@ -1,8 +1,11 @@
-"""Shared test configuration: the gpu marker skips cleanly where no GPU is present."""
+"""Shared test configuration: the gpu marker skips cleanly where no GPU is present; shm_dir."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,3 +32,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+@pytest.fixture
+def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private segment directory (HICACHE_SHM_DIR) for a test and the subprocesses it starts."""
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    path = Path(tempfile.mkdtemp(prefix="hicache-test-dir-", dir=root))
+    monkeypatch.setenv("HICACHE_SHM_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

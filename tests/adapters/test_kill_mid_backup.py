@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,15 +51,6 @@ CHILD = textwrap.dedent(
     anyio.run(main)
     """
 )
-
-
-@pytest.fixture
-def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
-    path = Path(tempfile.mkdtemp(prefix="hicache-test-dir-", dir=root))
-    monkeypatch.setenv("HICACHE_SHM_DIR", str(path))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _hicache(*args: str) -> dict:

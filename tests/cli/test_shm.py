@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,13 +21,9 @@ from hicache.cli import main
 
 
 @pytest.fixture(autouse=True)
-def shm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private segment directory for this test and the subprocesses it starts."""
-    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
-    path = Path(tempfile.mkdtemp(prefix="hicache-test-dir-", dir=root))
-    monkeypatch.setenv("HICACHE_SHM_DIR", str(path))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def _private_shm_dir(shm_dir: Path) -> Path:
+    """Every test here gets its own segment directory (tests/conftest.py's shm_dir)."""
+    return shm_dir
 
 
 def hicache(*args: str) -> subprocess.CompletedProcess[str]:
