@@ -11,9 +11,10 @@ import anyio
 import pytest
 
 from hicache.bootstrap.cache import CacheRuntime, open_cache
+from hicache.domain.errors import CacheStateError
 from hicache.domain.tiers import Tier
 from hicache.engine.cache_match import CacheLoad, CacheMatch
-from tests.engine.cache_helpers import Request, assert_clean, stack_plan
+from tests.engine.cache_helpers import KV, Request, assert_clean, stack_plan
 
 
 class Gate:
@@ -116,3 +117,48 @@ async def test_a_load_whose_allocation_waited_joins_a_load_that_brought_its_page
         assert b.handle is not None  # the second copied
         await _check(rt, req, first, second)
         assert anchor.used_count() == before + 3  # the first's own pages came back
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("stack", ["parallel_hybrid", "sliding"])
+async def test_a_page_the_device_holds_without_the_pools_the_match_restores_is_loaded_whole(
+    stack: str,
+) -> None:
+    # Found by the soak as "already on DEVICE" on the parallel hybrid stack: after the match,
+    # another request inserted the same pages without a state checkpoint / window page.
+    plan, settings = stack_plan(stack)
+    async with open_cache(plan, backend="torch", settings=settings) as rt:
+        cache = rt.cache
+        req = await _on_host_only(rt, 3)
+        m = await cache.match(req.tokens)
+        ids = rt.runtime.device_slots.allocate({KV: 3}).pages[KV]
+        await cache.insert(req.tokens[: 3 * cache.page_size], {KV: list(ids)})
+        assert cache.index.placement(Tier.DEVICE, m.keys[2]) == {KV: ids[2]}
+        load = await cache.load(m)
+        await load.wait()
+        req.check_restored(m.placements(), 3)
+        m.release()
+        await cache.wait_idle()
+        assert_clean(cache)
+
+
+@pytest.mark.asyncio
+async def test_a_partial_device_copy_pinned_by_another_match_is_a_cache_state_error() -> None:
+    plan, settings = stack_plan("parallel_hybrid")
+    async with open_cache(plan, backend="torch", settings=settings) as rt:
+        cache = rt.cache
+        req = await _on_host_only(rt, 3)
+        m = await cache.match(req.tokens)
+        ids = rt.runtime.device_slots.allocate({KV: 3}).pages[KV]
+        await cache.insert(req.tokens[: 3 * cache.page_size], {KV: list(ids)})
+        cache.index.pin(Tier.DEVICE, [m.keys[2]])  # what another request's match would hold
+        with pytest.raises(CacheStateError, match="cannot be replaced: pinned there"):
+            await cache.load(m)
+        assert cache.index.placement(Tier.DEVICE, m.keys[2]) == {KV: ids[2]}  # nothing changed
+        cache.index.unpin(Tier.DEVICE, [m.keys[2]])
+        load = await cache.load(m)  # once the other match is gone, it loads
+        await load.wait()
+        req.check_restored(m.placements(), 3)
+        m.release()
+        await cache.wait_idle()
+        assert_clean(cache)

@@ -38,7 +38,7 @@ from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine._ops import wait_until
 from hicache.engine.cache_insert import insert_placements, pool_name
-from hicache.engine.cache_load import join_loads, settle_load
+from hicache.engine.cache_load import displace_partial, join_loads, settle_load
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage, storage_boundary
 from hicache.engine.cache_values import (
@@ -353,6 +353,12 @@ class HiCache:
         wants = [sorted(match.needed[i], key=lambda p: p.value) for i in todo]
         dests = _split(counts, ids, wants)
         keys = [match.keys[i] for i in todo]
+        try:
+            displace_partial(self, keys)
+        except BaseException:
+            if allocated:
+                self.engine.free_device(ids)
+            raise
         # Registered before the engine is asked (an await): a concurrent load of the same
         # pages joins this one instead of finding them "on their way" with nobody to wait for.
         load = CacheLoad(match, None, starting=True)
