@@ -314,7 +314,7 @@ def test_a_destination_with_pools_the_source_lacks_is_refused_whole() -> None:
     idx = PrefixIndex(HYBRID)
     a = keys(2)
     idx.insert(a, [{KV: 1}, {KV: 2}])
-    with pytest.raises(ConfigError, match="would register pages nothing was copied to"):
+    with pytest.raises(CacheStateError, match="would register pages nothing was copied to"):
         idx.prepare_backup(a, [{KV: 11}, {KV: 12, MAMBA: 13}])
     assert idx.pins(D, a[0]) == 0
     assert idx.statistics().in_flight == 0

@@ -105,8 +105,9 @@ class SoakSettings:
     copy_fail_rate: float = 0.02
     store: StoreFaultRates = attrs.field(factory=lambda: STORE_FAULTS)
     sabotage: frozenset[str] = attrs.field(default=frozenset(), validator=_sabotage)
-    # Requests in flight at once (1: one operation after another, deterministic for a seed).
-    concurrency: int = attrs.field(default=1, validator=positive_int)
+    # Requests in flight at once (1: one operation after another, deterministic for a seed; 4,
+    # the default, lets requests race each other in the cache face, docs/bench-soak.md).
+    concurrency: int = attrs.field(default=4, validator=positive_int)
     # The host write policy of the i-th stack is host_writes[i % len]; storage: write_through.
     host_writes: tuple[str, ...] = attrs.field(default=HOST_WRITES, validator=_host_writes)
 

@@ -307,7 +307,9 @@ class PrefixIndex:
                     f"{kind.value}: page {p.key.hex()[:16]} is not on {src.name}"
                 )
             if dst != Tier.STORAGE and not dest.keys() <= source.keys():
-                raise ConfigError(
+                # The source's pools are the index's state, which may have changed since the
+                # caller read it (a race), so this is a state error, not bad input.
+                raise CacheStateError(
                     f"{kind.value}: page {p.key.hex()[:16]} has pools "
                     f"{sorted(q.value for q in source)} on {src.name}; a destination for "
                     f"{sorted(q.value for q in dest)} would register pages nothing was copied to"

@@ -38,7 +38,7 @@ from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine._ops import wait_until
 from hicache.engine.cache_insert import insert_placements, pool_name
-from hicache.engine.cache_load import join_loads, settle_load
+from hicache.engine.cache_load import displace_partial, join_loads, settle_load
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage, storage_boundary
 from hicache.engine.cache_values import (
@@ -319,15 +319,16 @@ class HiCache:
         self._check_open("load")
         if match.released:
             raise CacheStateError(f"{match!r} was released: match again")
-        await join_loads(self, match)
-        todo = [i for i, s in enumerate(match.sources) if s is Tier.HOST]
-        if not todo:
-            load = CacheLoad(match, None)
-            match.attach(load)
-            return load
-        counts = match.load_counts()
-        wants = [sorted(match.needed[i], key=lambda p: p.value) for i in todo]
-        if device_pages is None:
+        while True:
+            await join_loads(self, match)
+            todo = [i for i, s in enumerate(match.sources) if s is Tier.HOST]
+            if not todo:
+                load = CacheLoad(match, None)
+                match.attach(load)
+                return load
+            counts = match.load_counts()
+            if device_pages is not None:
+                break
             if self.work.framework_device:
                 raise ConfigError(
                     "the framework owns device pages (device_ownership='framework'): pass "
@@ -335,7 +336,13 @@ class HiCache:
                 )
             ids = await self.work.allocate(Tier.DEVICE, counts)
             allocated = True
-        else:
+            # The allocation may have awaited an eviction: another request's load may have
+            # brought (or started bringing) some of these pages meanwhile. Give the pages back
+            # and join it rather than copy a page twice.
+            if not any(self._arriving(match.keys[i], match.needed[i]) for i in todo):
+                break
+            self.engine.free_device(ids)
+        if device_pages is not None:
             got = {pool_name(p): list(v) for p, v in device_pages.items()}
             if {p: len(v) for p, v in got.items()} != counts:
                 raise ConfigError(
@@ -343,31 +350,51 @@ class HiCache:
                     "pages; this load needs {p.value: n for p, n in counts.items()}"
                 )
             ids, allocated = got, False
+        wants = [sorted(match.needed[i], key=lambda p: p.value) for i in todo]
         dests = _split(counts, ids, wants)
         keys = [match.keys[i] for i in todo]
         try:
-            ticket = self.index.prepare_load(keys, dests)
+            displace_partial(self, keys)
         except BaseException:
             if allocated:
                 self.engine.free_device(ids)
             raise
+        # Registered before the engine is asked (an await): a concurrent load of the same
+        # pages joins this one instead of finding them "on their way" with nobody to wait for.
+        load = CacheLoad(match, None, starting=True)
+        try:
+            match.attach(load)
+            ticket = self.index.prepare_load(keys, dests)
+        except BaseException as e:
+            if allocated:
+                self.engine.free_device(ids)
+            load.settle(e)
+            raise
         host = {p: [ticket.sources[j][p] for j, w in enumerate(dests) if p in w] for p in counts}
         device = {p: [w[p] for w in dests if p in w] for p in counts}
+        for key in ticket.keys:
+            self.loading[key] = load
         try:
             handle = await self.engine.load(host, device, after=after)
-        except BaseException:
+        except BaseException as e:
             with anyio.CancelScope(shield=True):
+                for key in ticket.keys:
+                    if self.loading.get(key) is load:
+                        del self.loading[key]
                 acts = self.index.abort(ticket)
                 self.work.free(f for f in acts.free if allocated or f.tier is not Tier.DEVICE)
                 self.counters.add("loads_failed")
+                load.settle(e)
             raise
-        load = CacheLoad(match, handle)
-        match.attach(load)
+        load.handle = handle
         match.pins.loading = True
-        for key in ticket.keys:
-            self.loading[key] = load
         self.work.spawn(settle_load, self, load, handle, ticket, allocated)
         return load
+
+    def _arriving(self, key: bytes, pools: frozenset[PoolName]) -> bool:
+        """Whether a load is bringing ``key`` to the device or it is there with ``pools``."""
+        where = self.index.placement(Tier.DEVICE, key)
+        return key in self.loading or (where is not None and pools <= where.keys())
 
     async def wait_idle(self) -> None:
         """Return once no background work (backups, storage writes, load settling) runs."""

@@ -3,6 +3,9 @@
 - join_loads(cache, match): pages of the match that another load is bringing to the device are
   waited for and taken from the device (their pins move from host to device), so a prefix that
   two requests load at once is copied once.
+- displace_partial(cache, keys): pages a load must restore whole that the device holds only in
+  part (no window page or state checkpoint there) lose that partial copy, so the host's whole
+  page can be loaded; CacheStateError when the copy is pinned by another match.
 - settle_load(cache, load, handle, ticket, allocated): runs in the face's task group once the
   engine's load finished: registers the pages on the device tier and pins them for the match,
   or aborts the ticket and frees the device pages it allocated; always shielded.
@@ -10,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -55,6 +59,30 @@ async def join_loads(cache: HiCache, match: CacheMatch) -> None:
         match.set_sources(sources)
         if not others:
             return
+
+def displace_partial(cache: HiCache, keys: Sequence[bytes]) -> None:
+    """Pages this load must restore whole that the device holds only in part (another request
+    inserted them without a window page or a state checkpoint, or a pool's copy was evicted
+    there since the match): that partial copy is dropped, so the host's whole page can be
+    loaded. CacheStateError when it cannot be: pinned there by another match, or device pages
+    the framework owns (the face cannot hand their ids back from a load)."""
+    index = cache.index
+    partial = [k for k in keys if index.placement(Tier.DEVICE, k) is not None]
+    if not partial:
+        return
+    pinned = [k.hex()[:16] for k in partial if index.pins(Tier.DEVICE, k)]
+    if pinned or cache.work.framework_device:
+        why = (
+            f"pinned there by another match ({pinned})"
+            if pinned
+            else "the framework owns device pages"
+        )
+        raise CacheStateError(
+            f"load: pages {[k.hex()[:16] for k in partial]} are on the device without every "
+            f"pool this match restores, and that copy cannot be replaced: {why}"
+        )
+    cache.work.free(index.drop(Tier.DEVICE, partial).free)
+
 
 async def settle_load(
     cache: HiCache, load: CacheLoad, handle: LoadHandle, ticket: Any, allocated: bool

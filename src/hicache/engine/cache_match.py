@@ -165,12 +165,16 @@ class CacheMatch:
 class CacheLoad:
     """A load of a match's host pages; ``handle`` is None when nothing had to be copied."""
 
-    def __init__(self, match: CacheMatch, handle: LoadHandle | None) -> None:
+    def __init__(
+        self, match: CacheMatch, handle: LoadHandle | None, *, starting: bool = False
+    ) -> None:
         self.match = match
         self.handle = handle
         self._settled = anyio.Event()
         self._error: BaseException | None = None
-        if handle is None:
+        # ``starting``: registered before the engine's copy is issued (the face sets ``handle``
+        # then), so that another request's load waits for it instead of preparing it twice.
+        if handle is None and not starting:
             self._settled.set()
 
     # -- the face settles it ------------------------------------------------------------------
