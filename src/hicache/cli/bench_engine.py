@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from hicache.cli.bench_overlap import _quiet_logs
+from hicache.cli._logs import QuietLogs
 
 MAX_ROUNDS = 10_000
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     check_count(args.rounds, "--rounds", MAX_ROUNDS)
     from hicache.bootstrap.bench_engine import run_engine_bench
 
-    with _quiet_logs():
+    with QuietLogs():
         doc = run_engine_bench(rounds=args.rounds)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")

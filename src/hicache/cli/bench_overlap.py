@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from hicache.cli._logs import QuietLogs
 from hicache.domain import (
     ConfigError,
     DType,
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         2 * plan.nbytes,
         f"bench overlap with --layers {args.layers} --tokens {args.tokens} (host + device pools)",
     )
-    with _quiet_logs(), _OtherLoad() as others:
+    with QuietLogs(), _OtherLoad() as others:
         result = _run(plan, device=args.device, repeats=repeats)
     if args.json:
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS}) + "\n")
@@ -359,32 +360,3 @@ class _OtherLoad:
         ours = self._end[1] - self._start[1]
         wall = self._end[2] - self._start[2]
         return max(0.0, busy - ours) / wall if wall > 0 else None
-
-
-class _quiet_logs:
-    """For the command's run: structlog to stderr at warning level; put back afterwards.
-
-    A library never configures logging; a command is the application and may, as long as
-    stdout stays one JSON document and the caller's configuration comes back afterwards.
-    """
-
-    def __enter__(self) -> None:
-        import logging
-
-        import structlog
-
-        self._was_configured = structlog.is_configured()
-        self._saved = dict(structlog.get_config())
-        self._saved["processors"] = list(self._saved["processors"])
-        structlog.configure(
-            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        import structlog
-
-        if self._was_configured:
-            structlog.configure(**self._saved)
-        else:
-            structlog.reset_defaults()

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from hicache.cli.bench_overlap import _quiet_logs
+from hicache.cli._logs import QuietLogs
 from hicache.domain import ConfigError
 
 MAX_ABS_DIFF = 1e-5  # fp32 logits of a cached run against recompute (issue 11's target)
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"hicache demo: {message}\n")
         sys.stderr.flush()
 
-    with _quiet_logs():
+    with QuietLogs():
         result: dict[str, Any] = anyio.run(lambda: run_demo(settings, progress=progress))
     timelines = result.pop("_timelines")
     if args.plot is not None:
