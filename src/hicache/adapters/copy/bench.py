@@ -1,11 +1,12 @@
 """The measurement behind `hicache bench copy` (docs/bench-copy.md): torch lives here, not in cli.
 
 - BenchSettings: device, page sizes, layouts, host memory kind, repeats, backend, geometry.
-- run_copy_bench: measures, in one process and under one torch thread count, a contiguous copy
-  of the same bytes (the baseline), the naive peer method and hicache's chosen backend, for the
-  all-layer backup and for per-layer loads of every layer one after another, and the machine's
-  limit (one native memcpy of the same bytes in a single call on CPU; one contiguous copy on a
-  GPU); returns the JSON document of the command.
+- run_copy_bench: measures, in one process and under one torch thread count, the naive peer
+  method and hicache's chosen backend, for the all-layer backup and for per-layer loads of every
+  layer one after another; each repeat also times, right before, a contiguous torch copy of the
+  same bytes (the baseline) and the machine's limit (the same contiguous bytes as one piece
+  through the native helper, in one call, on CPU; one contiguous copy on a GPU), so every ratio
+  compares figures measured side by side; returns the JSON document of the command.
 
 The synthetic pool: one MHA pool of ``layers`` layers (32), bf16, 8 KV heads x head_dim 64 for K
 and for V (1 KiB + 1 KiB = 2 KiB per token per layer, 64 KiB per token over all layers); host and
@@ -138,12 +139,6 @@ class _Clock:
         return time.perf_counter() - t0
 
 
-def _median(clock: _Clock, fn: Callable[[], object], repeats: int, warmup: bool) -> float:
-    if warmup:
-        clock.time(fn)
-    return statistics.median(clock.time(fn) for _ in range(repeats))
-
-
 def run_copy_bench(
     settings: BenchSettings, *, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -168,19 +163,13 @@ def _run(s: BenchSettings, dev: torch.device, say: Callable[[str], None]) -> dic
     dev_buf = torch.ones(nbytes, dtype=torch.uint8, device=dev)
     if dev.type == "cpu":
         dev_buf.fill_(2)
-    base_load: list[float] = []
-    base_backup: list[float] = []
-
-    def sample_baseline() -> None:
-        base_load.append(clock.time(lambda: dev_buf.copy_(host_buf, non_blocking=True)))
-        base_backup.append(clock.time(lambda: host_buf.copy_(dev_buf, non_blocking=True)))
-
-    sample_baseline()  # warm-up, not kept
-    base_load.clear()
-    base_backup.clear()
-    for _ in range(s.repeats):
-        sample_baseline()
-    limit = _limit_gbps(clock, dev, host_buf, dev_buf, s.repeats)
+    baselines: dict[str, Callable[[], object]] = {
+        "load_layer": lambda: dev_buf.copy_(host_buf, non_blocking=True),
+        "backup": lambda: host_buf.copy_(dev_buf, non_blocking=True),
+    }
+    limits = _limit_fns(dev, host_buf, dev_buf)
+    for fn in (*baselines.values(), *limits.values()):
+        clock.time(fn)  # warm-up, not kept
 
     rng = np.random.default_rng(s.seed)
     first = _plan(s, s.layouts[0], s.page_sizes[0])
@@ -188,7 +177,9 @@ def _run(s: BenchSettings, dev: torch.device, say: Callable[[str], None]) -> dic
     tensors: dict[PoolName | str, Mapping[str, Sequence[torch.Tensor]]] = {
         PoolName.KV: dict(devices.pool(PoolName.KV).buffers)
     }
-    raw: list[dict[str, Any]] = []
+    base_all: dict[str, list[float]] = {op: [] for op in OPS}
+    limit_all: dict[str, list[float]] = {op: [] for op in OPS}
+    results: list[dict[str, Any]] = []
     for layout in s.layouts:
         for page_size in s.page_sizes:
             plan = _plan(s, layout, page_size)
@@ -199,7 +190,6 @@ def _run(s: BenchSettings, dev: torch.device, say: Callable[[str], None]) -> dic
             group = DeviceGroup.wrap(plan, tensors)
             host = materialise_host_group(plan, device=s.device, huge_pages=s.huge_pages)
             try:
-                sample_baseline()
                 methods = {
                     "hicache": GroupTransfer(host, group, backend=s.backend),
                     "naive": GroupTransfer(host, group, backend="naive"),
@@ -209,80 +199,79 @@ def _run(s: BenchSettings, dev: torch.device, say: Callable[[str], None]) -> dic
                         fn = _op(transfer, op, maps, s.layers)
                         # The naive method has nothing to warm up; its page-1 runs are the
                         # slowest part of the bench, so it is timed without a warm-up run.
-                        t = _median(clock, fn, s.repeats, warmup=method == "hicache")
-                        raw.append(
+                        if method == "hicache":
+                            clock.time(fn)
+                        # Each repeat times the baseline, the limit and the method back to back,
+                        # so a result is compared with references measured beside it: the
+                        # memory bandwidth of a shared machine drifts between seconds.
+                        base_t, limit_t, op_t = [], [], []
+                        for _ in range(s.repeats):
+                            base_t.append(clock.time(baselines[op]))
+                            limit_t.append(clock.time(limits[op]))
+                            op_t.append(clock.time(fn))
+                        base_all[op] += base_t
+                        limit_all[op] += limit_t
+                        gbps = nbytes / statistics.median(op_t) / 1e9
+                        base = nbytes / statistics.median(base_t) / 1e9
+                        limit = nbytes / statistics.median(limit_t) / 1e9
+                        results.append(
                             {
                                 "layout": layout.value,
                                 "page_size": page_size,
                                 "op": op,
                                 "method": method,
                                 "backend": transfer.backends[PoolName.KV],
-                                "seconds": t,
+                                "gbps": round(gbps, 3),
+                                "limit_gbps": round(limit, 3),
+                                "ratio_to_baseline": round(gbps / base, 3),
+                                "ratio_to_limit": round(gbps / limit, 3),
                             }
                         )
                         say(
-                            f"{layout.value} page {page_size} {op} {method}: {nbytes / t / 1e9:.2f} GB/s"
+                            f"{layout.value} page {page_size} {op} {method}: {gbps:.2f} GB/s "
+                            f"({gbps / limit:.2f}x the limit)"
                         )
             finally:
                 host.close()
-    load_gbps = nbytes / statistics.median(base_load) / 1e9
-    backup_gbps = nbytes / statistics.median(base_backup) / 1e9
-    results = []
-    for r in raw:
-        gbps = nbytes / r.pop("seconds") / 1e9
-        base = load_gbps if r["op"] == "load_layer" else backup_gbps
-        results.append(
-            {
-                **r,
-                "gbps": round(gbps, 3),
-                "ratio_to_baseline": round(gbps / base, 3),
-                "ratio_to_limit": round(gbps / limit[r["op"]], 3),
-            }
-        )
-    baseline = statistics.median(
-        [nbytes / t / 1e9 for t in base_load]
-        + ([] if dev.type == "cuda" else [nbytes / t / 1e9 for t in base_backup])
-    )
-    if dev.type == "cpu":
-        # On CPU both directions are the same memcpy: one baseline for every ratio.
-        for r in results:
-            r["ratio_to_baseline"] = round(r["gbps"] / baseline, 3)
+
+    def rate(samples: Sequence[float]) -> float:
+        return round(nbytes / statistics.median(samples) / 1e9, 3)
+
+    # On CPU both directions are the same memcpy: one baseline over both.
+    base_samples = base_all["load_layer"] + ([] if pin else base_all["backup"])
     return {
         "device": str(dev),
-        "baseline_gbps": round(baseline, 3),
-        "limit_gbps": round(statistics.median(limit.values()), 3),
-        "limit_gbps_by_op": {op: round(v, 3) for op, v in limit.items()},
+        "baseline_gbps": rate(base_samples),
+        "limit_gbps": rate(limit_all["load_layer"] + limit_all["backup"]),
+        "limit_gbps_by_op": {op: rate(v) for op, v in limit_all.items()},
         "results": results,
     }
 
 
-def _limit_gbps(
-    clock: _Clock, dev: torch.device, host_buf: torch.Tensor, dev_buf: torch.Tensor, repeats: int
-) -> dict[str, float]:
-    """The machine's limit per op: the same bytes in one call of the fastest plain copy.
+def _limit_fns(
+    dev: torch.device, host_buf: torch.Tensor, dev_buf: torch.Tensor
+) -> dict[str, Callable[[], object]]:
+    """The plain copy behind the machine's limit, per op.
 
-    CPU: one native memcpy (the "memcpy" backend's own loop, streaming stores) of the whole
-    buffer, both directions being the same operation. GPU: one contiguous pinned copy per
-    direction (one cudaMemcpyAsync: the copy engine's limit).
+    CPU: the same contiguous bytes as one piece through the native helper, in one call (the
+    ``memcpy`` backend's own loop, streaming stores), both directions being the same operation.
+    GPU: one contiguous pinned copy per direction (one cudaMemcpyAsync: the copy engine's limit).
     """
-    nbytes = host_buf.numel()
     if dev.type != "cpu":
-
-        def one(fn: Callable[[], object]) -> float:
-            clock.time(fn)
-            return nbytes / statistics.median(clock.time(fn) for _ in range(repeats)) / 1e9
-
         return {
-            "load_layer": one(lambda: dev_buf.copy_(host_buf, non_blocking=True)),
-            "backup": one(lambda: host_buf.copy_(dev_buf, non_blocking=True)),
+            "load_layer": lambda: dev_buf.copy_(host_buf, non_blocking=True),
+            "backup": lambda: host_buf.copy_(dev_buf, non_blocking=True),
         }
     lib = load_native()
-    zero = np.zeros(1, dtype=np.int64)
-    size = np.array([nbytes], dtype=np.int64)
     dst = np.array([dev_buf.data_ptr()], dtype=np.int64)
     src = np.array([host_buf.data_ptr()], dtype=np.int64)
-    gbps = nbytes / _median(clock, lambda: lib.copy(dst, src, zero, zero, size), repeats, True)
-    return {"load_layer": gbps / 1e9, "backup": gbps / 1e9}
+    zero = np.zeros(1, dtype=np.int64)
+    whole = np.array([host_buf.numel()], dtype=np.int64)
+
+    def one() -> object:
+        return lib.copy(dst, src, zero, zero, whole)
+
+    return {"load_layer": one, "backup": one}
 
 
 def _op(
