@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from hicache.domain import (
@@ -272,6 +273,39 @@ def test_one_layout_for_all_pools_or_one_per_pool() -> None:
         "mamba": Layout.PAGE_FIRST_DIRECT,
     }
     assert plan.as_json()["layout"] == "page_head"
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        PlanSettings(pool_layouts={"mamba": "page_first"}),
+        PlanSettings(capacity_overrides={"swa": 128}, page_size=64),
+    ],
+)
+def test_per_pool_settings_for_a_pool_the_model_lacks_are_refused(settings: PlanSettings) -> None:
+    with pytest.raises(ConfigError, match=r"names pools \['(mamba|swa)'\], which model 'dense'"):
+        plan_stack(DENSE, settings)
+
+
+def test_per_pool_settings_for_a_pool_only_other_stages_hold_are_accepted() -> None:
+    """Every pipeline stage may be given the same settings; a stage uses what it holds."""
+    spec = ModelSpec(
+        model_type="late_swa",
+        layer_kinds=[FULL, FULL, SLIDING, FULL],
+        attention=AttentionSpec(kv_heads=2, head_dim=64),
+        sliding_window=128,
+    )
+    settings = PlanSettings(
+        pp_size=2,
+        page_size=16,
+        pool_layouts={"swa": "layer_first"},
+        capacity_overrides={"swa": 64},
+    )
+    first = plan_stack(spec, attrs.evolve(settings, pp_rank=0))
+    assert [p.name.value for p in first.pools] == ["kv"]
+    second = plan_stack(spec, attrs.evolve(settings, pp_rank=1))
+    assert second.pool("swa").layout is Layout.LAYER_FIRST
+    assert second.pool("swa").capacity == 64
 
 
 def test_page_head_cannot_hold_mla() -> None:

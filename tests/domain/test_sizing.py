@@ -185,7 +185,7 @@ def test_override_in_ratio_mode_fixes_only_that_pool() -> None:
     [
         ({"kv": 100}, "positive whole number of pages of 16, got 100"),
         ({"mamba": 0}, "positive whole number of pages of 1, got 0"),
-        ({"swa": 64}, r"names pools \['swa'\], which this plan does not have"),
+        ({"swa": 64}, r"names pools \['swa'\], which model .* does not have"),
     ],
 )
 def test_bad_overrides(overrides: dict[str, int], message: str) -> None:

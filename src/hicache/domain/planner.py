@@ -371,6 +371,7 @@ def plan_stack(
             )
         )
 
+    _check_pool_settings(spec, s, [d.name for d in drafts])
     for d in drafts:
         check_layout(
             s.layout_of(d.name), d.geometry, pool=d.name.value, storage_backend=s.storage.backend
@@ -401,15 +402,41 @@ def plan_stack(
     )
 
 
+_POOL_CACHES = {
+    PoolName.KV: Cache.FULL,
+    PoolName.INDEXER: Cache.INDEXER,
+    PoolName.SWA: Cache.SLIDING,
+    PoolName.MAMBA: Cache.STATE,
+}
+
+
+def _check_pool_settings(spec: ModelSpec, s: PlanSettings, planned: list[PoolName]) -> None:
+    """Per-pool settings must name pools of the model; never ignore one silently.
+
+    A pool of the model that this pipeline stage does not hold (all its layers are in other
+    stages) is accepted: every stage may be given the same settings.
+    """
+    in_model = [n for n, cache in _POOL_CACHES.items() if spec.layers_holding(cache)]
+    for what, names in (
+        ("capacity override", s.capacity_overrides),
+        ("pool layout", s.pool_layouts),
+    ):
+        unknown = [n.value for n in names if n not in in_model]
+        if unknown:
+            raise ConfigError(
+                f"{what} names pools {unknown}, which model {spec.model_type!r} does not have "
+                f"(its pools: {[n.value for n in in_model]}; this plan's: "
+                f"{[n.value for n in planned]})"
+            )
+
+
 def _size(drafts: list[_Draft], s: PlanSettings) -> dict[PoolName, int]:
-    """Capacities in units (whole pages) for every draft; sidecars follow the anchor."""
+    """Capacities in units (whole pages) for every draft; sidecars follow the anchor.
+
+    A capacity override for a pool of the model that this stage does not hold is not used here
+    (``_check_pool_settings`` refused the ones that name no pool of the model).
+    """
     present = {d.name: d.page_size for d in drafts}
-    unknown = [n.value for n in s.capacity_overrides if n not in present]
-    if unknown:
-        raise ConfigError(
-            f"capacity override names pools {unknown}, which this plan does not have "
-            f"(pools: {[n.value for n in present]})"
-        )
     sidecars = [d for d in drafts if d.role is PoolRole.SIDECAR]
     for d in sidecars:
         if d.name in s.capacity_overrides:
@@ -418,7 +445,7 @@ def _size(drafts: list[_Draft], s: PlanSettings) -> dict[PoolName, int]:
                 f"override 'kv' instead"
             )
     check_overrides(
-        {n.value: u for n, u in s.capacity_overrides.items()},
+        {n.value: u for n, u in s.capacity_overrides.items() if n in present},
         {n.value: p for n, p in present.items()},
     )
     owners = [d for d in drafts if d.role is not PoolRole.SIDECAR]
