@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from hicache.adapters.host_pool import HostPool, materialise_host_group
-from hicache.adapters.storage import DirectorySettings, DirectoryStore, page_buffer
-from hicache.domain import DType, ForeignIndexError, Layout
+from hicache.adapters.storage import (
+    DirectorySettings,
+    DirectoryStore,
+    HostGroupBuffers,
+    page_buffer,
+)
+from hicache.domain import DType, ForeignIndexError, HostMemoryError, Layout
 from hicache.domain.storage import StoreStatus, buffer_nbytes
 from tests.adapters.test_pools import group_plan, host_page, valid
 from tests.storage.conftest import key
@@ -77,3 +82,35 @@ def test_a_page_outside_the_pool_is_a_foreign_index(page: object) -> None:
     plan, name = group_plan("mha", Layout.PAGE_FIRST)
     with materialise_host_group(plan) as group, pytest.raises(ForeignIndexError, match="page"):
         page_buffer(group.pool(name), page)  # type: ignore[arg-type]
+
+
+def _addresses(segments: list[memoryview]) -> list[tuple[int, int]]:
+    import ctypes
+
+    return [(ctypes.addressof(ctypes.c_char.from_buffer(s)), s.nbytes) for s in segments]
+
+
+@pytest.mark.parametrize(("kind", "layout"), CASES, ids=[f"{k}-{lay.value}" for k, lay in CASES])
+def test_group_buffers_give_the_same_segments_as_page_buffer(kind: str, layout: Layout) -> None:
+    """HostGroupBuffers works segments out from offsets computed once; they must be exactly the
+    segments page_buffer takes from the tensors, for every pool kind and layout."""
+    plan, name = group_plan(kind, layout, DType.BF16 if kind != "indexer_fp8" else DType.FP8_E4M3)
+    with materialise_host_group(plan) as group:
+        buffers = HostGroupBuffers(group)
+        pool = group.pool(name)
+        for page in range(pool.pages):
+            got = buffers.buffer(name, page)
+            assert all(s.format == "B" and s.ndim == 1 and not s.readonly for s in got)
+            assert _addresses(got) == _addresses(page_buffer(pool, page))
+        with pytest.raises(ForeignIndexError, match="page"):
+            buffers.buffer(name, pool.pages)
+
+
+def test_group_buffers_refuse_a_closed_pool() -> None:
+    plan, name = group_plan("mha", Layout.PAGE_FIRST_DIRECT)
+    group = materialise_host_group(plan)
+    buffers = HostGroupBuffers(group)
+    assert buffers.buffer(name, 0)
+    group.close()
+    with pytest.raises(HostMemoryError, match="is closed"):
+        buffers.buffer(name, 0)
