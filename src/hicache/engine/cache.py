@@ -4,14 +4,15 @@
   with``; one owner (the event loop that opened it).
 - match(token_ids): page keys of the full pages, the index's hit, extended by the storage
   tier's ``exists`` hint, cut to the boundary every pool can restore, agreed over TP ranks
-  (minimum), pinned until released: a CacheMatch.
+  (minimum), pinned until released: a CacheMatch (hicache.engine.cache_hit).
 - load(match, device_pages=None): copies the host part of the hit to the device layer by layer
   (a CacheLoad with per-layer waits); registers the pages on the device tier when done, gives
-  slots and pins back on failure or cancellation.
+  slots and pins back on failure or cancellation (hicache.engine.cache_load).
 - insert(token_ids, device_pages, checkpoints=None): registers what a request computed;
-  performs the write policies' backups (device -> host) and storage writes in the background.
+  performs the write policies' backups (device -> host) and storage writes in the background
+  (hicache.engine.cache_insert checks the arguments; hicache.engine.cache_work does the work).
 - prefetch(match or token_ids): storage -> host in bounded batches before the deadline of the
-  storage tier's prefetch policy; a hit is the leading run read.
+  storage tier's prefetch policy; a hit is the leading run read (hicache.engine.cache_prefetch).
 - evict(tier, pages, pool=None): LRU eviction from DEVICE or HOST (write_back: copies first).
 - statistics(), aclose(), checkpoint_boundaries(n_pages), device_placements(match).
 
@@ -30,17 +31,18 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from hicache.domain.errors import CacheStateError, ConfigError, EngineClosedError
-from hicache.domain.hybrid import GroupRules, Restore, needed_pages, usable_boundary
+from hicache.domain.errors import ConfigError, EngineClosedError
+from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
-from hicache.domain.tiers import Placement, Tier
+from hicache.domain.tiers import Tier
 from hicache.engine._ops import wait_until
-from hicache.engine.cache_insert import insert_placements, pool_name
-from hicache.engine.cache_load import displace_partial, join_loads, settle_load
+from hicache.engine.cache_hit import HitRules, find_hit
+from hicache.engine.cache_insert import insert_placements
+from hicache.engine.cache_load import load_match
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
-from hicache.engine.cache_storage import CacheStorage, storage_boundary
+from hicache.engine.cache_storage import CacheStorage
 from hicache.engine.cache_values import (
     CacheSettings,
     CacheStatistics,
@@ -48,7 +50,7 @@ from hicache.engine.cache_values import (
     InsertResult,
     PrefetchResult,
 )
-from hicache.engine.cache_work import CacheWork, Counters, _split
+from hicache.engine.cache_work import CacheWork, Counters
 from hicache.engine.engine import TransferEngine
 from hicache.engine.logs import get_logger
 from hicache.engine.ranks import RankAgreement, SingleProcess
@@ -91,17 +93,10 @@ class HiCache:
         self.ranks = ranks
         self.counters = Counters()
         self.work = CacheWork(self.index, engine, storage, self.counters)
-        self._owner = {
-            r.pool: (self.rules.anchor if r.follows_anchor else r.pool) for r in self.rules.rules
-        }
+        self.hits = HitRules(self.rules)
         self._checkpoint_pools = tuple(
             r.pool for r in self.rules.rules if r.restore is Restore.CHECKPOINT
         )
-        self._window_pools = tuple(
-            r.pool for r in self.rules.rules
-            if r.restore is Restore.WINDOW and not r.follows_anchor
-        )
-        self._single_owner = len(self.rules.owners) == 1
         self._orphans: deque[MatchPins] = deque()
         self.loading: dict[bytes, CacheLoad] = {}  # page key -> the load bringing it to device
         self._loop_thread: int | None = None
@@ -185,125 +180,10 @@ class HiCache:
             self.index.unpin(Tier.HOST, host)
 
     # ---- match -------------------------------------------------------------------------------
-    def _boundary(self, n: int, at: Sequence[Placement | None],
-                  fallback: Sequence[Placement | None] | None) -> int:
-        owner = self._owner
-
-        def has(pool: PoolName, i: int) -> bool:
-            where = at[i]
-            if where is not None:
-                return owner[pool] in where
-            if fallback is None:
-                return False
-            other = fallback[i]
-            return other is not None and owner[pool] in other
-
-        return usable_boundary(self.rules, n, has)
-
-    def _needed(self, boundary: int) -> list[frozenset[PoolName]]:
-        """The slot-owning pools page i must restore for a hit of ``boundary`` pages."""
-        rules = self.rules
-        base = frozenset(
-            self._owner[r.pool] for r in rules.rules if r.restore is Restore.ALL_PAGES
-        )
-        out = [base] * boundary
-        for r in rules.rules:
-            if r.restore is not Restore.ALL_PAGES:
-                for i in needed_pages(rules, r.pool, boundary):
-                    out[i] = out[i] | {self._owner[r.pool]}
-        return out
-
-    async def _agree(
-        self,
-        keys: Sequence[bytes],
-        stored: int,
-        d: int,
-        h: int,
-        dev_at: Sequence[Placement | None],
-        host_at: Sequence[Placement | None],
-    ) -> tuple[int, ...]:
-        """The storage hint, then (device, host, storage) agreed over the TP ranks."""
-        s = max(h, stored)
-        if self.storage is not None:
-            s = await storage_boundary(self, keys, s)
-        agreed = await self.ranks.agree_min((d, h, s))
-        # A boundary another rank chose may not be restorable here (hybrid rules): cut it to
-        # one that is and agree again, until two agreements in a row are equal (every rank
-        # then stops at the same round, with a boundary every rank can restore). When every
-        # pool restores all pages, any shorter prefix of a usable hit is usable: one round.
-        while not self.rules.is_plain:
-            nd = self._boundary(min(agreed[0], d), dev_at, None)
-            nh = self._boundary(min(agreed[1], h), dev_at, host_at)
-            ns = min(agreed[2], s)
-            again = await self.ranks.agree_min((nd, nh, max(nh, ns)))
-            if again == agreed:
-                break
-            agreed = again
-        return agreed
-
     async def match(self, token_ids: Sequence[int]) -> CacheMatch:
-        """The agreed, pinned hit of ``token_ids`` (see CacheMatch)."""
+        """The agreed, pinned hit of ``token_ids`` (see CacheMatch; hicache.engine.cache_hit)."""
         self._check_open("match")
-        keys = chain_keys(token_ids, self.page_size)
-        m = self.index.match(keys)
-        dev_at = [self.index.placement(Tier.DEVICE, k) for k in keys[: m.host_pages]]
-        if self._single_owner:
-            # Every placement holds the one owner: the index's boundaries are the loadable ones.
-            host_at: list[Placement | None] = []
-            d, h = m.device_pages, m.host_pages
-        else:
-            host_at = [self.index.placement(Tier.HOST, k) for k in keys[: m.host_pages]]
-            d = self._boundary(m.device_pages, dev_at, None)
-            h = self._boundary(m.host_pages, dev_at, host_at)
-        # Pin what was read before any await: a concurrent eviction during the storage hint
-        # or the TP agreement must not take pages this match is about to return.
-        sources = [Tier.DEVICE if dev_at[i] is not None else Tier.HOST for i in range(h)]
-        dev_keys = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
-        host_keys = [keys[i] for i in range(h) if sources[i] is Tier.HOST]
-        self.index.pin(Tier.DEVICE, dev_keys)
-        try:
-            self.index.pin(Tier.HOST, host_keys)
-        except BaseException:
-            self.index.unpin(Tier.DEVICE, dev_keys)
-            raise
-        try:
-            d, h, s = await self._agree(keys, m.storage_pages, d, h, dev_at, host_at)
-        except BaseException:
-            self.index.unpin(Tier.DEVICE, dev_keys)
-            self.index.unpin(Tier.HOST, host_keys)
-            raise
-        # Keep the pins of the agreed hit only.
-        extra_dev = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.DEVICE]
-        extra_host = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.HOST]
-        self.index.unpin(Tier.DEVICE, extra_dev)
-        self.index.unpin(Tier.HOST, extra_host)
-        sources = sources[:h]
-        needed = self._needed(h)
-        pins = MatchPins()
-        pins.device = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
-        pins.host = [keys[i] for i in range(h) if sources[i] is Tier.HOST]
-        self._count_match(len(token_ids), d, h, s)
-        return CacheMatch(
-            self,
-            keys=keys,
-            tokens=len(token_ids),
-            page_size=self.page_size,
-            device_pages=d,
-            host_pages=h,
-            storage_pages=s,
-            sources=sources,
-            needed=needed,
-            pins=pins,
-            on_drop=self._orphaned,
-        )
-
-    def _count_match(self, tokens: int, d: int, h: int, s: int) -> None:
-        c, ps = self.counters, self.page_size
-        c.add("matches")
-        c.add("matched_tokens", tokens)
-        for i, n in enumerate((d, h - d, s - h)):
-            c.add(f"hit_tokens_{i}", n * ps)
-            c.add(f"hit_requests_{i}", int(n > 0))
+        return await find_hit(self, token_ids, self._orphaned)
 
     # ---- load --------------------------------------------------------------------------------
     async def load(
@@ -315,86 +195,9 @@ class HiCache:
     ) -> CacheLoad:
         """Copy the host part of ``match`` to the device (see CacheLoad); ``device_pages``:
         the pages to load into, per pool, in page order (``match.load_counts()`` of them;
-        required when the framework owns device pages)."""
+        required when the framework owns device pages). hicache.engine.cache_load."""
         self._check_open("load")
-        if match.released:
-            raise CacheStateError(f"{match!r} was released: match again")
-        while True:
-            await join_loads(self, match)
-            todo = [i for i, s in enumerate(match.sources) if s is Tier.HOST]
-            if not todo:
-                load = CacheLoad(match, None)
-                match.attach(load)
-                return load
-            counts = match.load_counts()
-            if device_pages is not None:
-                break
-            if self.work.framework_device:
-                raise ConfigError(
-                    "the framework owns device pages (device_ownership='framework'): pass "
-                    "device_pages with {p.value: n for p, n in counts.items()} pages"
-                )
-            ids = await self.work.allocate(Tier.DEVICE, counts)
-            allocated = True
-            # The allocation may have awaited an eviction: another request's load may have
-            # brought (or started bringing) some of these pages meanwhile. Give the pages back
-            # and join it rather than copy a page twice.
-            if not any(self._arriving(match.keys[i], match.needed[i]) for i in todo):
-                break
-            self.engine.free_device(ids)
-        if device_pages is not None:
-            got = {pool_name(p): list(v) for p, v in device_pages.items()}
-            if {p: len(v) for p, v in got.items()} != counts:
-                raise ConfigError(
-                    "device_pages give {p.value: len(v) for p, v in got.items()} "
-                    "pages; this load needs {p.value: n for p, n in counts.items()}"
-                )
-            ids, allocated = got, False
-        wants = [sorted(match.needed[i], key=lambda p: p.value) for i in todo]
-        dests = _split(counts, ids, wants)
-        keys = [match.keys[i] for i in todo]
-        try:
-            displace_partial(self, keys)
-        except BaseException:
-            if allocated:
-                self.engine.free_device(ids)
-            raise
-        # Registered before the engine is asked (an await): a concurrent load of the same
-        # pages joins this one instead of finding them "on their way" with nobody to wait for.
-        load = CacheLoad(match, None, starting=True)
-        try:
-            match.attach(load)
-            ticket = self.index.prepare_load(keys, dests)
-        except BaseException as e:
-            if allocated:
-                self.engine.free_device(ids)
-            load.settle(e)
-            raise
-        host = {p: [ticket.sources[j][p] for j, w in enumerate(dests) if p in w] for p in counts}
-        device = {p: [w[p] for w in dests if p in w] for p in counts}
-        for key in ticket.keys:
-            self.loading[key] = load
-        try:
-            handle = await self.engine.load(host, device, after=after)
-        except BaseException as e:
-            with anyio.CancelScope(shield=True):
-                for key in ticket.keys:
-                    if self.loading.get(key) is load:
-                        del self.loading[key]
-                acts = self.index.abort(ticket)
-                self.work.free(f for f in acts.free if allocated or f.tier is not Tier.DEVICE)
-                self.counters.add("loads_failed")
-                load.settle(e)
-            raise
-        load.handle = handle
-        match.pins.loading = True
-        self.work.spawn(settle_load, self, load, handle, ticket, allocated)
-        return load
-
-    def _arriving(self, key: bytes, pools: frozenset[PoolName]) -> bool:
-        """Whether a load is bringing ``key`` to the device or it is there with ``pools``."""
-        where = self.index.placement(Tier.DEVICE, key)
-        return key in self.loading or (where is not None and pools <= where.keys())
+        return await load_match(self, match, device_pages, after=after)
 
     async def wait_idle(self) -> None:
         """Return once no background work (backups, storage writes, load settling) runs."""

@@ -1,5 +1,11 @@
-"""The two ends of a load of the cache face that run around the engine's copy.
+"""A load of the cache face: the host part of a hit copied to the device, and its two ends.
 
+- load_match(cache, match, device_pages, after): joins loads already bringing the match's pages,
+  takes (or allocates) the device pages, drops partial device copies, prepares the index's
+  ticket, registers the pages as loading and asks the engine; a failure before the engine
+  answers aborts the ticket and gives the pages back (shielded); a CacheLoad.
+- arriving(cache, key, pools): whether a load is bringing ``key`` to the device or it is there
+  with ``pools``.
 - join_loads(cache, match): pages of the match that another load is bringing to the device are
   waited for and taken from the device (their pins move from host to device), so a prefix that
   two requests load at once is copied once.
@@ -13,18 +19,111 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from hicache.domain.errors import CacheStateError
+from hicache.domain.errors import CacheStateError, ConfigError
+from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Tier
+from hicache.engine.cache_insert import pool_name
 from hicache.engine.cache_match import CacheLoad, CacheMatch
+from hicache.engine.cache_work import _split
 from hicache.engine.handles import LoadHandle
 
 if TYPE_CHECKING:
     from hicache.engine.cache import HiCache
+
+
+async def load_match(
+    cache: HiCache,
+    match: CacheMatch,
+    device_pages: Mapping[PoolName, Sequence[int]] | None,
+    *,
+    after: object | None = None,
+) -> CacheLoad:
+    """Copy the host part of ``match`` to the device (see ``HiCache.load``)."""
+    if match.released:
+        raise CacheStateError(f"{match!r} was released: match again")
+    engine, work, index = cache.engine, cache.work, cache.index
+    while True:
+        await join_loads(cache, match)
+        todo = [i for i, s in enumerate(match.sources) if s is Tier.HOST]
+        if not todo:
+            load = CacheLoad(match, None)
+            match.attach(load)
+            return load
+        counts = match.load_counts()
+        if device_pages is not None:
+            break
+        if work.framework_device:
+            raise ConfigError(
+                "the framework owns device pages (device_ownership='framework'): pass "
+                "device_pages with {p.value: n for p, n in counts.items()} pages"
+            )
+        ids = await work.allocate(Tier.DEVICE, counts)
+        allocated = True
+        # The allocation may have awaited an eviction: another request's load may have
+        # brought (or started bringing) some of these pages meanwhile. Give the pages back
+        # and join it rather than copy a page twice.
+        if not any(arriving(cache, match.keys[i], match.needed[i]) for i in todo):
+            break
+        engine.free_device(ids)
+    if device_pages is not None:
+        got = {pool_name(p): list(v) for p, v in device_pages.items()}
+        if {p: len(v) for p, v in got.items()} != counts:
+            raise ConfigError(
+                "device_pages give {p.value: len(v) for p, v in got.items()} "
+                "pages; this load needs {p.value: n for p, n in counts.items()}"
+            )
+        ids, allocated = got, False
+    wants = [sorted(match.needed[i], key=lambda p: p.value) for i in todo]
+    dests = _split(counts, ids, wants)
+    keys = [match.keys[i] for i in todo]
+    try:
+        displace_partial(cache, keys)
+    except BaseException:
+        if allocated:
+            engine.free_device(ids)
+        raise
+    # Registered before the engine is asked (an await): a concurrent load of the same
+    # pages joins this one instead of finding them "on their way" with nobody to wait for.
+    load = CacheLoad(match, None, starting=True)
+    try:
+        match.attach(load)
+        ticket = index.prepare_load(keys, dests)
+    except BaseException as e:
+        if allocated:
+            engine.free_device(ids)
+        load.settle(e)
+        raise
+    host = {p: [ticket.sources[j][p] for j, w in enumerate(dests) if p in w] for p in counts}
+    device = {p: [w[p] for w in dests if p in w] for p in counts}
+    for key in ticket.keys:
+        cache.loading[key] = load
+    try:
+        handle = await engine.load(host, device, after=after)
+    except BaseException as e:
+        with anyio.CancelScope(shield=True):
+            for key in ticket.keys:
+                if cache.loading.get(key) is load:
+                    del cache.loading[key]
+            acts = index.abort(ticket)
+            work.free(f for f in acts.free if allocated or f.tier is not Tier.DEVICE)
+            cache.counters.add("loads_failed")
+            load.settle(e)
+        raise
+    load.handle = handle
+    match.pins.loading = True
+    work.spawn(settle_load, cache, load, handle, ticket, allocated)
+    return load
+
+
+def arriving(cache: HiCache, key: bytes, pools: frozenset[PoolName]) -> bool:
+    """Whether a load is bringing ``key`` to the device or it is there with ``pools``."""
+    where = cache.index.placement(Tier.DEVICE, key)
+    return key in cache.loading or (where is not None and pools <= where.keys())
 
 
 async def join_loads(cache: HiCache, match: CacheMatch) -> None:

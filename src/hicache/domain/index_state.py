@@ -1,0 +1,157 @@
+"""The prefix index's state and the steps its operations share (pure; one owner).
+
+- CACHED_TIERS: the tiers whose pages the index evicts (DEVICE, HOST).
+- IndexState(rules, writes): the records by page key, the LRU slot per (cached tier, owning
+  pool), the transfers in flight and the eviction counts; the base of PrefixIndex.
+- _page(key): the record of a key the index knows (CacheStateError otherwise).
+- _has(page, tier, pool): whether a page has ``pool`` on ``tier`` (a pool that follows the
+  anchor: the anchor's placement on DEVICE / HOST).
+- _evictable / _lru_add / _lru_remove / _touch: LRU stamps of unpinned, settled pages; touch
+  orders the anchor's pages tail-first and trailing pools' pages head-first.
+- _check_placement(where, what): a placement's anchor, owner pools and ids (ConfigError).
+- _wanted(pages, dest): the copies down to ``dest`` the write-through policies want now.
+- _drop(page, tier, scope): remove ``scope``'s pages from a tier; the ids to free.
+- _objects(where): the storage objects of a page placed at ``where`` (pools and sidecars).
+- _same_len(keys, where, what): ConfigError when keys and placements differ in number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from hicache.domain.errors import CacheStateError, ConfigError
+from hicache.domain.hybrid import GroupRules, Restore
+from hicache.domain.index_pages import PageRecord
+from hicache.domain.lru import TickLru
+from hicache.domain.pools import PoolName
+from hicache.domain.tiers import Freed, PageOp, Placement, Ticket, Tier, WriteSettings
+from hicache.domain.validators import is_int
+
+CACHED_TIERS = (Tier.DEVICE, Tier.HOST)  # tiers whose pages the index evicts
+
+
+class IndexState:
+    """The index's mutable state and its shared steps (see the module docstring)."""
+
+    def __init__(self, rules: GroupRules, writes: WriteSettings | None = None) -> None:
+        self.rules = rules
+        self.writes = writes or WriteSettings()
+        self._anchor = rules.anchor
+        self._owners = rules.owners
+        self._follows = {r.pool: r.follows_anchor for r in rules.rules}
+        self._trailing = {r.pool for r in rules.rules if r.restore is not Restore.ALL_PAGES}
+        self._pages: dict[bytes, PageRecord] = {}
+        n = len(self._owners)
+        self._slots = len(CACHED_TIERS) * n
+        self._slot: dict[tuple[int, PoolName], int] = {
+            (t, p): t * n + i for t in CACHED_TIERS for i, p in enumerate(self._owners)
+        }
+        self._lru: TickLru[PageRecord] = TickLru(self._slots)
+        self._tickets: dict[int, Ticket] = {}
+        self._next_ticket = 1
+        self._evictions = [0, 0, 0]
+
+    def _page(self, key: bytes) -> PageRecord:
+        page = self._pages.get(key)
+        if page is None:
+            raise CacheStateError(f"page {key.hex()[:16]}… is not in the index")
+        return page
+
+    def _has(self, page: PageRecord, tier: int, pool: PoolName) -> bool:
+        at = page.at[tier]
+        if at is None:
+            return False
+        if tier != Tier.STORAGE and self._follows[pool]:
+            return self._anchor in at
+        return pool in at
+
+    def _evictable(self, page: PageRecord, tier: int) -> bool:
+        return not page.pins[tier] and page.evicting[tier] is None and page.at[tier] is not None
+
+    def _lru_add(self, page: PageRecord, tier: int) -> None:
+        if tier == Tier.STORAGE or not self._evictable(page, tier):
+            return
+        at = page.at[tier] or {}
+        for pool in self._owners:
+            if pool in at:
+                self._lru.stamp(page, self._slot[tier, pool])
+
+    def _lru_remove(self, page: PageRecord, tier: int, pools: Iterable[PoolName] | None = None) -> None:
+        if tier == Tier.STORAGE:
+            return
+        for pool in self._owners if pools is None else pools:
+            self._lru.unstamp(page, self._slot[tier, pool])
+
+    def _touch(self, pages: Sequence[PageRecord], *, enter: bool = False) -> None:
+        """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
+
+        ``enter``: also stamp evictable pages that have no stamp yet (new placements).
+        """
+        for (tier, pool), slot in self._slot.items():
+            if not enter and not self._lru.live(slot):
+                continue
+            seq: Iterable[PageRecord] = pages if pool in self._trailing else reversed(pages)
+            admit = None
+            if enter:
+
+                def admit(p: PageRecord, tier: int = tier, pool: PoolName = pool) -> bool:
+                    at = p.at[tier]
+                    return at is not None and pool in at and self._evictable(p, tier)
+
+            self._lru.touch(seq, slot, admit)
+
+    def _check_placement(self, where: Mapping[PoolName, int], what: str) -> dict[PoolName, int]:
+        if self._anchor not in where:
+            raise ConfigError(f"{what}: a placement needs the anchor {self._anchor.value!r}")
+        bad = [p.value for p in where if p not in self._follows or self._follows[p]]
+        if bad:
+            raise ConfigError(
+                f"{what}: pools {bad} have no pages of their own here (owners: "
+                f"{[p.value for p in self._owners]})"
+            )
+        odd = [pid for pid in where.values() if not is_int(pid) or pid < 0]
+        if odd:
+            raise ConfigError(f"{what}: page ids must be non-negative integers, got {odd}")
+        return dict(where)
+
+    def _wanted(self, pages: Iterable[PageRecord], dest: Tier) -> tuple[PageOp, ...]:
+        """Pages the write-through policies want copied down to ``dest`` now."""
+        limit = self.writes.threshold(dest)
+        if limit is None:
+            return ()
+        src = dest - 1
+        return tuple(
+            PageOp(p.key, dict(p.at[src] or {}))
+            for p in pages
+            if p.hits >= limit
+            and p.at[src] is not None
+            and p.at[dest] is None
+            and not p.pending[dest]
+            and p.evicting[src] is None
+        )
+
+    def _drop(self, page: PageRecord, tier: int, scope: PoolName) -> list[Freed]:
+        """Remove ``scope``'s pages (every pool's when scope is the anchor) from ``tier``."""
+        at = page.at[tier]
+        if at is None:
+            return []
+        pools = list(at) if scope is self._anchor else [scope] if scope in at else []
+        if tier != Tier.STORAGE:
+            self._lru_remove(page, tier, [q for q in pools if (tier, q) in self._slot])
+        freed = [Freed(Tier(tier), pool, at.pop(pool)) for pool in pools]
+        if not at:
+            page.at[tier] = None
+        # The store frees its own space: nothing to give back for STORAGE.
+        return [] if tier == Tier.STORAGE else freed
+
+    def _objects(self, where: Placement) -> dict[PoolName, int]:
+        """The storage objects of a page placed at ``where``: its pools plus the sidecars."""
+        return {p: 0 for p in self.rules.names if p in where or self._follows[p]}
+
+    @staticmethod
+    def _same_len(keys: Sequence[bytes], where: Sequence[Placement], what: str) -> None:
+        if len(keys) != len(where):
+            raise ConfigError(f"{what}: {len(keys)} keys with {len(where)} placements")
+
+
+__all__ = ["CACHED_TIERS", "IndexState"]
