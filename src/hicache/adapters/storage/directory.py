@@ -3,7 +3,7 @@
 - DirectoryStore: the Store port over a directory (thread-safe), with an LRU size cap.
 - object_name: the hex sha256 of ``str(key)``, the only part of a key that reaches a path.
 - SUFFIX / TMP_SUFFIX: the endings of object files and of temporary files being written.
-- DirectorySettings (hicache.adapters.storage.directory_settings): re-exported here.
+- DirectorySettings (directory_settings), CHUNK / IOV_MAX (object_file): re-exported here.
 
 An object lives at ``root/<h[:2]>/<h>.obj`` with h = sha256(str(key)) in hex, so no key text
 ever becomes a path. A put writes ``<h>.<pid>.<random>.tmp`` next to it (the file itself:
@@ -32,6 +32,8 @@ from typing import Any
 from hicache.adapters.storage.directory_settings import DirectorySettings
 from hicache.adapters.storage.format import HEADER_SPAN, CorruptObject
 from hicache.adapters.storage.object_file import (
+    CHUNK,
+    IOV_MAX,
     failed_status,
     flat_segments,
     fsync_dir,
@@ -372,4 +374,13 @@ class DirectoryStore:
         return f"<DirectoryStore {str(self.root)!r}: {state}>"
 
 
-__all__ = ["SUFFIX", "TMP_SUFFIX", "DirectorySettings", "DirectoryStore", "object_name"]
+# DirectorySettings, CHUNK and IOV_MAX live in directory_settings / object_file; re-exported here.
+__all__ = [
+    "CHUNK",
+    "IOV_MAX",
+    "SUFFIX",
+    "TMP_SUFFIX",
+    "DirectorySettings",
+    "DirectoryStore",
+    "object_name",
+]
