@@ -7,7 +7,8 @@
 """
 
 from hicache.adapters.storage.checksum import Checksum
-from hicache.adapters.storage.directory import DirectorySettings, DirectoryStore, object_name
+from hicache.adapters.storage.directory import DirectoryStore, object_name
+from hicache.adapters.storage.directory_settings import DirectorySettings
 from hicache.adapters.storage.page_buffers import HostGroupBuffers, page_buffer
 
 __all__ = [

@@ -1,24 +1,22 @@
 """DirectoryStore: the embedded default L3 store, one file per page object under a root.
 
-- DirectorySettings: root, capacity cap, fsync, checksum, default timeout, stale temp age;
-  ``from_config`` parses a storage extra config (unknown keys are a ConfigError).
-- DirectoryStore: the Store port over a directory (thread-safe).
+- DirectoryStore: the Store port over a directory (thread-safe), with an LRU size cap.
 - object_name: the hex sha256 of ``str(key)``, the only part of a key that reaches a path.
+- SUFFIX / TMP_SUFFIX: the endings of object files and of temporary files being written.
+- DirectorySettings (directory_settings), CHUNK / IOV_MAX (object_file): re-exported here.
 
 An object lives at ``root/<h[:2]>/<h>.obj`` with h = sha256(str(key)) in hex, so no key text
-ever becomes a path. A put writes ``<h>.<pid>.<random>.tmp`` (O_CREAT | O_EXCL) next to it,
-optionally fsyncs it, and renames it over the object: a reader sees the old object, the new one
-or none, never a torn one. A get reads the header (hicache.adapters.storage.format) and then the
-payload straight into the caller's segments with os.preadv; a damaged object, or one that holds
-another key, is a MISS and is removed. Puts of a key already held are skipped (objects are
-content-addressed). A size cap evicts least recently used objects (order kept in memory,
-rebuilt from mtimes at open).
+ever becomes a path. A put writes ``<h>.<pid>.<random>.tmp`` next to it (the file itself:
+hicache.adapters.storage.object_file) and renames it over the object: a reader sees the old
+object, the new one or none, never a torn one. A get reads the object straight into the
+caller's segments; a damaged object, or one that holds another key, is a MISS and is removed.
+Puts of a key already held are skipped (objects are content-addressed). A size cap evicts least
+recently used objects (order kept in memory, rebuilt from mtimes at open).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
 import secrets
@@ -31,17 +29,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from hicache.adapters.storage.checksum import Checksum, Summer
-from hicache.adapters.storage.format import (
-    HEADER_SPAN,
-    CorruptObject,
-    check_key,
-    decode_header,
-    encode_header,
+from hicache.adapters.storage.directory_settings import DirectorySettings
+from hicache.adapters.storage.format import HEADER_SPAN, CorruptObject
+from hicache.adapters.storage.object_file import (
+    CHUNK,
+    IOV_MAX,
+    failed_status,
+    flat_segments,
+    fsync_dir,
+    open_object,
+    read_object,
+    write_object,
 )
-from hicache.domain import ConfigError, StoreError
+from hicache.domain import StoreError
 from hicache.domain.storage import (
     PageBuffer,
     StoreHealth,
@@ -53,156 +53,11 @@ from hicache.domain.storage import (
 
 SUFFIX = ".obj"
 TMP_SUFFIX = ".tmp"
-IOV_MAX = 512  # segments per pwritev call (Linux allows 1024)
-CHUNK = 1 << 20  # puts and gets check and move this much at a time (one core's L2)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-_KEYS = ("root", "capacity_bytes", "fsync", "checksum", "timeout_s", "stale_tmp_s")
-# Keys of a storage extra config that other readers own (host memory, plug-in dispatch).
-_OTHERS = frozenset({"allocator", "backend_name", "module_path", "class_name"})
-
-
-def _optional_positive(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"directory store {attr.name} must be a positive number, got {value!r}")
-
-
-def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"directory store {attr.name} must be >= 0 seconds, got {value!r}")
-
-
-def _bool(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"directory store {attr.name} must be true or false, got {value!r}")
-
-
-def _root(value: object) -> Path | None:
-    if value is None or isinstance(value, Path):
-        return value
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"directory store root must be a non-empty path, got {value!r}")
-    return Path(value)
-
-
-def _checksum(value: object) -> Checksum:
-    return Checksum.parse(value)
-
-
-@attrs.frozen(kw_only=True)
-class DirectorySettings:
-    """How a DirectoryStore behaves. ``root=None``: a fresh temporary directory, removed on close."""
-
-    root: Path | None = attrs.field(default=None, converter=_root)
-    capacity_bytes: int | None = attrs.field(default=None, validator=_optional_positive)
-    fsync: bool = attrs.field(default=False, validator=_bool)
-    checksum: Checksum = attrs.field(default=Checksum.BLOCKSUM64, converter=_checksum)
-    timeout_s: float | None = attrs.field(default=None, validator=_optional_positive)
-    stale_tmp_s: float = attrs.field(default=600.0, validator=_non_negative)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> DirectorySettings:
-        unknown = sorted(set(config) - set(_KEYS) - _OTHERS)
-        if unknown:
-            raise ConfigError(
-                f"directory store extra config has unknown keys {unknown}: expected some of "
-                f"{', '.join(_KEYS)}"
-            )
-        return cls(**{k: config[k] for k in _KEYS if k in config})
 
 
 def object_name(key: StoreKey) -> str:
     """The hex sha256 of ``str(key)``: the only thing of a key that reaches the file system."""
     return hashlib.sha256(str(key).encode("ascii")).hexdigest()
-
-
-def _segments(buffer: PageBuffer) -> list[memoryview] | None:
-    """The buffer's segments as flat byte views, or None if one is not contiguous."""
-    out = []
-    for seg in buffer:
-        if not isinstance(seg, memoryview) or not seg.c_contiguous:
-            return None
-        out.append(seg if seg.format == "B" and seg.ndim == 1 else seg.cast("B"))
-    return out
-
-
-def _advance(pending: list[memoryview], done: int) -> None:
-    """Drop the first ``done`` bytes of ``pending`` (after a partial vectored read or write)."""
-    while done and pending:
-        if done >= pending[0].nbytes:
-            done -= pending.pop(0).nbytes
-        else:
-            pending[0] = pending[0][done:]
-            done = 0
-
-
-def _write_all(fd: int, views: list[memoryview], offset: int) -> int:
-    """Write ``views`` in order from ``offset``; the offset after them."""
-    pending = [v for v in views if v.nbytes]
-    while pending:
-        done = os.pwritev(fd, pending[:IOV_MAX], offset)
-        offset += done
-        _advance(pending, done)
-    return offset
-
-
-def _read_all(fd: int, views: list[memoryview], offset: int) -> int:
-    """Fill ``views`` in order from ``offset``; the bytes read (fewer only at end of file)."""
-    pending = [v for v in views if v.nbytes]
-    total = 0
-    while pending:
-        got = os.preadv(fd, pending[:IOV_MAX], offset + total)
-        if got == 0:
-            break
-        total += got
-        _advance(pending, got)
-    return total
-
-
-def _batches(views: list[memoryview]) -> list[list[memoryview]]:
-    """``views`` cut into pieces of at most CHUNK bytes, grouped into batches of at most CHUNK
-    bytes (many small segments of a layer-first page travel in one system call)."""
-    batches: list[list[memoryview]] = []
-    batch: list[memoryview] = []
-    size = 0
-    for view in views:
-        for start in range(0, view.nbytes, CHUNK):
-            piece = view[start : start + CHUNK]
-            if batch and (size + piece.nbytes > CHUNK or len(batch) >= IOV_MAX):
-                batches.append(batch)
-                batch, size = [], 0
-            batch.append(piece)
-            size += piece.nbytes
-    if batch:
-        batches.append(batch)
-    return batches
-
-
-def _write_checked(fd: int, views: list[memoryview], offset: int, summer: Summer) -> None:
-    """Write ``views`` from ``offset`` a batch at a time, each fed to ``summer`` just before it
-    is written, so the write copies bytes the checksum has just brought into the CPU cache."""
-    for batch in _batches(views):
-        for piece in batch:
-            summer.update(piece)
-        offset = _write_all(fd, batch, offset)
-
-
-def _read_checked(fd: int, views: list[memoryview], offset: int, summer: Summer) -> int:
-    """Fill ``views`` from ``offset`` a batch at a time, feeding each batch to ``summer`` while
-    it is still in the CPU cache; the bytes read (fewer only at end of file)."""
-    total = 0
-    for batch in _batches(views):
-        want = sum(piece.nbytes for piece in batch)
-        got = _read_all(fd, batch, offset + total)
-        total += got
-        if got < want:
-            return total
-        for piece in batch:
-            summer.update(piece)
-    return total
 
 
 class DirectoryStore:
@@ -384,13 +239,13 @@ class DirectoryStore:
         return out
 
     def _get_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
-        segments = _segments(buffer)
+        segments = flat_segments(buffer)
         if segments is None:
             return StoreStatus.INVALID
         name = object_name(key)
         path = self._path(name)
         try:
-            fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+            fd = open_object(path)
         except FileNotFoundError:
             with self._lock:
                 self._sync_locked(name)
@@ -398,18 +253,7 @@ class DirectoryStore:
         except OSError:
             return StoreStatus.TRANSIENT
         try:
-            st = os.fstat(fd)
-            header = decode_header(os.pread(fd, HEADER_SPAN, 0))
-            check_key(header, key)
-            if st.st_size != HEADER_SPAN + header.payload_len:
-                raise CorruptObject(f"file of {st.st_size} B, header says {header.payload_len}")
-            if header.payload_len != sum(s.nbytes for s in segments):
-                return StoreStatus.INVALID  # the object is fine; the request is the wrong size
-            summer = Summer(header.checksum)
-            if _read_checked(fd, segments, HEADER_SPAN, summer) != header.payload_len:
-                raise CorruptObject("short read")
-            if summer.digest() != header.payload_crc:
-                raise CorruptObject("payload checksum mismatch")
+            status = read_object(fd, key, segments)
         except CorruptObject:
             self._remove_corrupt(name, path, fd)
             return StoreStatus.MISS
@@ -417,8 +261,9 @@ class DirectoryStore:
             return StoreStatus.TRANSIENT
         finally:
             os.close(fd)
-        self._touch(name)
-        return StoreStatus.OK
+        if status.ok:  # INVALID: the object is fine, the request is the wrong size
+            self._touch(name)
+        return status
 
     def _remove_corrupt(self, name: str, path: str, fd: int) -> None:
         """Unlink the damaged file unless a put has already replaced it with a new one."""
@@ -438,7 +283,7 @@ class DirectoryStore:
         return self._batch(keys, buffers, deadline, self._put_one)
 
     def _put_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
-        segments = _segments(buffer)
+        segments = flat_segments(buffer)
         if segments is None:
             return StoreStatus.INVALID
         name = object_name(key)
@@ -455,7 +300,7 @@ class DirectoryStore:
             self._pending += size
         status, tmp = StoreStatus.TRANSIENT, None
         try:
-            status, tmp = self._write_tmp(key, name, path, segments)
+            status, tmp = self._write_tmp(key, name, segments)
         finally:
             with self._lock:
                 self._pending -= size
@@ -463,45 +308,28 @@ class DirectoryStore:
                     try:
                         os.rename(tmp, path)
                     except OSError as e:
-                        status = _failed(e)
+                        status = failed_status(e)
                         with contextlib.suppress(OSError):
                             os.unlink(tmp)
                     self._sync_locked(name)
         if status.ok and self.settings.fsync:
             try:
-                _fsync_dir(self._dir(name))
+                fsync_dir(self._dir(name))
             except OSError as e:
-                return _failed(e)
+                return failed_status(e)
         return status
 
     def _write_tmp(
-        self, key: StoreKey, name: str, path: str, segments: list[memoryview]
+        self, key: StoreKey, name: str, segments: list[memoryview]
     ) -> tuple[StoreStatus, str | None]:
-        """Write the object to a fresh temporary file next to ``path``; it and OK, or a status."""
+        """Write the object to a fresh temporary file in its directory; it and OK, or a status."""
         folder = self._dir(name)
         tmp = f"{folder}/{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
-        fd = -1
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
-            summer = Summer(self.settings.checksum)
-            _write_checked(fd, segments, HEADER_SPAN, summer)
-            header = encode_header(
-                key, buffer_nbytes(segments), self.settings.checksum, summer.digest()
-            )
-            _write_all(fd, [memoryview(header)], 0)
-            if self.settings.fsync:
-                os.fsync(fd)
-            os.close(fd)
-            fd = -1
-        except BaseException as e:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(e, OSError):
-                return _failed(e), None
-            raise
+            write_object(tmp, key, segments, self.settings.checksum, fsync=self.settings.fsync)
+        except OSError as e:
+            return failed_status(e), None
         return StoreStatus.OK, tmp
 
     def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
@@ -546,14 +374,13 @@ class DirectoryStore:
         return f"<DirectoryStore {str(self.root)!r}: {state}>"
 
 
-def _failed(e: OSError) -> StoreStatus:
-    """FULL when the disk or quota is full, else TRANSIENT (the call may succeed later)."""
-    return StoreStatus.FULL if e.errno in _FULL_ERRNOS else StoreStatus.TRANSIENT
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | _CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+# DirectorySettings, CHUNK and IOV_MAX live in directory_settings / object_file; re-exported here.
+__all__ = [
+    "CHUNK",
+    "IOV_MAX",
+    "SUFFIX",
+    "TMP_SUFFIX",
+    "DirectorySettings",
+    "DirectoryStore",
+    "object_name",
+]

@@ -1,0 +1,73 @@
+"""The settings of a DirectoryStore, from code or from a storage extra config.
+
+- DirectorySettings: root, capacity cap, fsync, checksum, default timeout, stale temp age;
+  ``from_config`` parses a storage extra config (unknown keys are a ConfigError).
+
+A bad value is a ConfigError that names the field and what was expected; nothing is rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from hicache.adapters.storage.checksum import Checksum
+from hicache.domain import ConfigError
+
+_KEYS = ("root", "capacity_bytes", "fsync", "checksum", "timeout_s", "stale_tmp_s")
+# Keys of a storage extra config that other readers own (host memory, plug-in dispatch).
+_OTHERS = frozenset({"allocator", "backend_name", "module_path", "class_name"})
+
+
+def _optional_positive(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"directory store {attr.name} must be a positive number, got {value!r}")
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"directory store {attr.name} must be >= 0 seconds, got {value!r}")
+
+
+def _bool(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"directory store {attr.name} must be true or false, got {value!r}")
+
+
+def _root(value: object) -> Path | None:
+    if value is None or isinstance(value, Path):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"directory store root must be a non-empty path, got {value!r}")
+    return Path(value)
+
+
+def _checksum(value: object) -> Checksum:
+    return Checksum.parse(value)
+
+
+@attrs.frozen(kw_only=True)
+class DirectorySettings:
+    """How a DirectoryStore behaves. ``root=None``: a fresh temporary directory, removed on close."""
+
+    root: Path | None = attrs.field(default=None, converter=_root)
+    capacity_bytes: int | None = attrs.field(default=None, validator=_optional_positive)
+    fsync: bool = attrs.field(default=False, validator=_bool)
+    checksum: Checksum = attrs.field(default=Checksum.BLOCKSUM64, converter=_checksum)
+    timeout_s: float | None = attrs.field(default=None, validator=_optional_positive)
+    stale_tmp_s: float = attrs.field(default=600.0, validator=_non_negative)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DirectorySettings:
+        unknown = sorted(set(config) - set(_KEYS) - _OTHERS)
+        if unknown:
+            raise ConfigError(
+                f"directory store extra config has unknown keys {unknown}: expected some of "
+                f"{', '.join(_KEYS)}"
+            )
+        return cls(**{k: config[k] for k in _KEYS if k in config})
