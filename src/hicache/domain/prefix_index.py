@@ -11,11 +11,13 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
 - prepare_backup / prepare_load / prepare_prefetch / prepare_store: pin the source, reserve the
   destination (invisible to match) and return a Ticket; complete(ticket, ok) makes the good pages
   visible, returns the failed destinations to free, and may ask for storage writes; abort(ticket)
-  is complete(ticket, False).
+  is complete(ticket, False). A load or prefetch destination without the anchor is a fill: it
+  adds the pools a page's copy on that tier lacks (the copy stays pinned until complete).
 - evict(tier, count, pool): frees up to ``count`` least-recently-used unpinned pages of ``pool``
   (the anchor by default: whole pages; an independent pool: only its pages); under write_back the
   victims are backed up first (their ids are freed by that backup's completion).
-- drop(tier, keys): forget pages on a tier now (e.g. a storage MISS); returns their ids to free.
+- drop(tier, keys, pool=None): forget pages (or one pool's objects) on a tier now (e.g. a storage
+  MISS); returns their ids to free.
 - placement(tier, key), statistics(), validate() (hicache.domain.index_pages holds the page
   record, the counts and the invariant checks).
 
@@ -32,7 +34,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.hybrid import GroupRules, Restore, usable_boundary
-from hicache.domain.index_pages import PageRecord, check_invariants, count_pages
+from hicache.domain.index_pages import (
+    PageRecord,
+    check_invariants,
+    count_pages,
+    destination_refusal,
+)
 from hicache.domain.lru import TickLru
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import (
@@ -186,8 +193,12 @@ class PrefixIndex:
 
     # ---- insert ----------------------------------------------------------------------------
 
-    def _check_placement(self, where: Mapping[PoolName, int], what: str) -> dict[PoolName, int]:
-        if self._anchor not in where:
+    def _check_placement(
+        self, where: Mapping[PoolName, int], what: str, *, fill: bool = False
+    ) -> dict[PoolName, int]:
+        if fill and not where:
+            raise ConfigError(f"{what}: an empty placement")
+        if self._anchor not in where and not fill:
             raise ConfigError(f"{what}: a placement needs the anchor {self._anchor.value!r}")
         bad = [p.value for p in where if p not in self._follows or self._follows[p]]
         if bad:
@@ -295,10 +306,9 @@ class PrefixIndex:
             if p.key in seen:
                 raise CacheStateError(f"{kind.value}: page {p.key.hex()[:16]} twice in one batch")
             seen.add(p.key)
-            if p.at[dst] is not None or p.pending[dst]:
-                raise CacheStateError(
-                    f"{kind.value}: page {p.key.hex()[:16]} is already on {dst.name} or on its way"
-                )
+            refused = destination_refusal(p, kind, dest, self._anchor)
+            if refused is not None:
+                raise CacheStateError(refused)
             source = p.at[src]
             if src == Tier.STORAGE:
                 continue
@@ -322,8 +332,12 @@ class PrefixIndex:
             dests=tuple(dests),
         )
         self._next_ticket += 1
-        for p in pages:
+        for p, dest in zip(pages, dests, strict=True):
             p.pending[dst] = ticket.id
+            if self._anchor not in dest:  # a fill: keep the copy it completes where it is
+                p.pins[dst] += 1
+                if p.pins[dst] == 1:
+                    self._lru_remove(p, dst)
             if src != Tier.STORAGE:
                 p.pins[src] += 1
                 if p.pins[src] == 1:
@@ -338,15 +352,18 @@ class PrefixIndex:
         return self._new_ticket(OpKind.BACKUP, [self._page(k) for k in keys], dests)
 
     def prepare_load(self, keys: Sequence[bytes], device: Sequence[Placement]) -> Ticket:
-        """Host -> device into the caller's device pages ``device``."""
+        """Host -> device into the caller's device pages ``device`` (without the anchor: a fill)."""
         self._same_len(keys, device, "prepare_load")
-        dests = [self._check_placement(w, "prepare_load") for w in device]
+        dests = [self._check_placement(w, "prepare_load", fill=True) for w in device]
         return self._new_ticket(OpKind.LOAD, [self._page(k) for k in keys], dests)
 
     def prepare_prefetch(self, keys: Sequence[bytes], host: Sequence[Placement]) -> Ticket:
-        """Storage -> host into ``host``; pages the index did not know are created (hidden)."""
+        """Storage -> host into ``host``; pages the index did not know are created (hidden).
+
+        A placement without the anchor is a fill of a page on host that lacks those pools.
+        """
         self._same_len(keys, host, "prepare_prefetch")
-        dests = [self._check_placement(w, "prepare_prefetch") for w in host]
+        dests = [self._check_placement(w, "prepare_prefetch", fill=True) for w in host]
         fresh = [k for k in dict.fromkeys(keys) if k not in self._pages]
         for k in fresh:
             self._pages[k] = PageRecord(k, self._slots)
@@ -390,14 +407,18 @@ class PrefixIndex:
         for key, dest, good in zip(ticket.keys, ticket.dests, flags, strict=True):
             page = self._pages[key]
             page.pending[dst] = 0
+            fill = self._anchor not in dest
+            if fill:
+                page.pins[dst] -= 1
             if good:
-                page.at[dst] = dict(dest)
+                page.at[dst] = {**(page.at[dst] or {}), **dest}
                 if ticket.kind is OpKind.PREFETCH:
-                    page.at[Tier.STORAGE] = {**(page.at[Tier.STORAGE] or {}), **self._objects(dest)}
-                self._lru_add(page, dst)
+                    got = dict.fromkeys(dest, 0) if fill else self._objects(dest)
+                    page.at[Tier.STORAGE] = {**(page.at[Tier.STORAGE] or {}), **got}
                 arrived.append(page)
             elif dst != Tier.STORAGE:
                 free.extend(Freed(dst, pool, pid) for pool, pid in dest.items())
+            self._lru_add(page, dst)  # no-op unless the copy there is whole and unpinned
             if src != Tier.STORAGE:
                 page.pins[src] -= 1
                 scope = page.evicting[src]
@@ -481,16 +502,20 @@ class PrefixIndex:
             return Actions(backup=ops, free=tuple(free), evicted=taken)
         return Actions(store=ops, free=tuple(free), evicted=taken)
 
-    def drop(self, tier: Tier, keys: Sequence[bytes]) -> Actions:
-        """Forget ``keys`` on ``tier`` now (unknown keys are ignored); pinned pages refuse."""
+    def drop(self, tier: Tier, keys: Sequence[bytes], pool: PoolName | None = None) -> Actions:
+        """Forget ``keys`` on ``tier`` now (unknown keys are ignored); pinned pages refuse.
+
+        ``pool``: only that pool's pages (objects, on STORAGE); default: whole pages.
+        """
         pages = [p for p in (self._pages.get(k) for k in keys) if p is not None]
         pinned = [p.key.hex()[:16] for p in pages if p.pins[tier]]
         if pinned:
             raise CacheStateError(f"drop: pages {pinned} are pinned on {tier.name}")
         free: list[Freed] = []
         for p in pages:
-            p.evicting[tier] = None
-            free.extend(self._drop(p, tier, self._anchor))
+            if pool is None:
+                p.evicting[tier] = None
+            free.extend(self._drop(p, tier, self._anchor if pool is None else pool))
             if p.idle():
                 del self._pages[p.key]
         return Actions(free=tuple(free))
