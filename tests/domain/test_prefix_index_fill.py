@@ -87,3 +87,23 @@ def test_a_fill_of_a_copy_being_evicted_is_refused() -> None:
     with pytest.raises(CacheStateError, match="being evicted"):
         idx.prepare_prefetch(a, [{MAMBA: 5}])
     idx.validate()
+
+
+def test_a_load_fill_completes_the_device_copy_and_an_insert_meanwhile_is_a_duplicate() -> None:
+    idx = PrefixIndex(HYBRID, WriteSettings(host="write_through"))
+    a = keys(2)
+    idx.insert(a, [{KV: 1}, {KV: 2, MAMBA: 3}])
+    idx.complete(idx.prepare_backup(a, [{KV: 11}, {KV: 12, MAMBA: 13}]), True)
+    assert idx.evict(D, 1, MAMBA).free_ids(D, MAMBA) == [3]
+    t = idx.prepare_load(a[1:], [{MAMBA: 4}])
+    assert idx.pins(D, a[1]) == 1
+    assert idx.pins(H, a[1]) == 1
+    # another request inserts the same page with its own checkpoint while the fill runs
+    out = idx.insert(a[1:], [{KV: 2, MAMBA: 5}])
+    assert out.free_ids(D, MAMBA) == [5]
+    idx.complete(t, True)
+    assert idx.placement(D, a[1]) == {KV: 2, MAMBA: 4}
+    assert (idx.pins(D, a[1]), idx.pins(H, a[1])) == (0, 0)
+    idx.validate()
+    with pytest.raises(CacheStateError, match="already has"):
+        idx.prepare_load(a[1:], [{MAMBA: 6}])

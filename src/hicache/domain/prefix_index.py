@@ -233,7 +233,8 @@ class PrefixIndex:
                 page.at[dev] = where  # stamped by the touch below, in LRU order
             else:
                 for pool, pid in where.items():
-                    if have is None or pool in have:
+                    # a load on its way (a whole page, or a fill of this copy) brings its own
+                    if have is None or pool in have or page.pending[dev]:
                         free.append(Freed(dev, pool, pid))
                     else:
                         have[pool] = pid  # stamped by the touch below

@@ -16,8 +16,8 @@
 - statistics(), aclose(), checkpoint_boundaries(n_pages), device_placements(match).
 
 Hybrid groups: a hit ends at a boundary where every pool restores (docs/cache.md); a page
-partly on the device (e.g. its KV there, its state checkpoint only on host) cannot be loaded
-(the index loads whole pages), so the hit stops before it.
+partly on the device (e.g. its KV there, its state checkpoint only on host) is restorable: its
+device copy stays pinned and ``load`` copies only the pools it lacks (cache_load.load_pools).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine._ops import wait_until
 from hicache.engine.cache_insert import insert_placements, pool_name
-from hicache.engine.cache_load import displace_partial, join_loads, settle_load
+from hicache.engine.cache_load import completes, join_loads, load_pools, partial, settle_load
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage, storage_boundary
 from hicache.engine.cache_values import (
@@ -191,8 +191,8 @@ class HiCache:
 
         def has(pool: PoolName, i: int) -> bool:
             where = at[i]
-            if where is not None:
-                return owner[pool] in where
+            if where is not None and owner[pool] in where:
+                return True
             if fallback is None:
                 return False
             other = fallback[i]
@@ -257,9 +257,15 @@ class HiCache:
             h = self._boundary(m.host_pages, dev_at, host_at)
         # Pin what was read before any await: a concurrent eviction during the storage hint
         # or the TP agreement must not take pages this match is about to return.
+        # A host copy is pinned where there is no device copy, and where it has pools the
+        # device copy lacks (a load may complete the device copy from it).
+        on_host = [
+            dev_at[i] is None or completes(dev_at[i], host_at[i] if host_at else None)
+            for i in range(h)
+        ]
         sources = [Tier.DEVICE if dev_at[i] is not None else Tier.HOST for i in range(h)]
         dev_keys = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
-        host_keys = [keys[i] for i in range(h) if sources[i] is Tier.HOST]
+        host_keys = [keys[i] for i in range(h) if on_host[i]]
         self.index.pin(Tier.DEVICE, dev_keys)
         try:
             self.index.pin(Tier.HOST, host_keys)
@@ -272,16 +278,19 @@ class HiCache:
             self.index.unpin(Tier.DEVICE, dev_keys)
             self.index.unpin(Tier.HOST, host_keys)
             raise
-        # Keep the pins of the agreed hit only.
+        # Keep the pins of the agreed hit only: a page partly on the device keeps both.
+        needed = self._needed(h)
+        to_load = [
+            i < h and on_host[i] and partial(dev_at[i], needed[i]) for i in range(len(on_host))
+        ]
         extra_dev = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.DEVICE]
-        extra_host = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.HOST]
+        extra_host = [keys[i] for i in range(len(on_host)) if on_host[i] and not to_load[i]]
         self.index.unpin(Tier.DEVICE, extra_dev)
         self.index.unpin(Tier.HOST, extra_host)
-        sources = sources[:h]
-        needed = self._needed(h)
         pins = MatchPins()
         pins.device = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
-        pins.host = [keys[i] for i in range(h) if sources[i] is Tier.HOST]
+        pins.host = [keys[i] for i in range(h) if to_load[i]]
+        sources = [Tier.HOST if to_load[i] else Tier.DEVICE for i in range(h)]
         self._count_match(len(token_ids), d, h, s)
         return CacheMatch(
             self,
@@ -326,6 +335,7 @@ class HiCache:
                 load = CacheLoad(match, None)
                 match.attach(load)
                 return load
+            pools = load_pools(self, match)
             counts = match.load_counts()
             if device_pages is not None:
                 break
@@ -339,7 +349,8 @@ class HiCache:
             # The allocation may have awaited an eviction: another request's load may have
             # brought (or started bringing) some of these pages meanwhile. Give the pages back
             # and join it rather than copy a page twice.
-            if not any(self._arriving(match.keys[i], match.needed[i]) for i in todo):
+            arriving = any(self._arriving(match.keys[i], match.needed[i]) for i in todo)
+            if not arriving and load_pools(self, match) == pools:
                 break
             self.engine.free_device(ids)
         if device_pages is not None:
@@ -350,15 +361,10 @@ class HiCache:
                     "pages; this load needs {p.value: n for p, n in counts.items()}"
                 )
             ids, allocated = got, False
-        wants = [sorted(match.needed[i], key=lambda p: p.value) for i in todo]
+        # A page whose device copy lacks pools gets only those (a fill of that copy).
+        wants = [sorted(pools[i], key=lambda p: p.value) for i in todo]
         dests = _split(counts, ids, wants)
         keys = [match.keys[i] for i in todo]
-        try:
-            displace_partial(self, keys)
-        except BaseException:
-            if allocated:
-                self.engine.free_device(ids)
-            raise
         # Registered before the engine is asked (an await): a concurrent load of the same
         # pages joins this one instead of finding them "on their way" with nobody to wait for.
         load = CacheLoad(match, None, starting=True)
@@ -399,6 +405,9 @@ class HiCache:
     async def wait_idle(self) -> None:
         """Return once no background work (backups, storage writes, load settling) runs."""
         await wait_until(lambda: self.work.busy == 0)
+
+    def load_pools(self, match: CacheMatch) -> list[frozenset[PoolName]]:
+        return load_pools(self, match)
 
     def device_placements(self, match: CacheMatch) -> list[dict[PoolName, int]]:
         out: list[dict[PoolName, int]] = []
