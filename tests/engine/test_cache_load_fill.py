@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from hicache.bootstrap.cache import open_cache
-from hicache.domain import PoolName, TransferError
+from hicache.domain import ConfigError, PoolName, TransferError
 from hicache.domain.tiers import Tier
 from hicache.engine.cache import HiCache
 from tests.engine.cache_helpers import Request, assert_clean, stack_plan
@@ -73,6 +73,31 @@ async def test_a_partial_device_copy_pinned_by_another_match_is_completed() -> N
             assert joined.handle is None
             req.check_restored(first.placements(), 3)
         await cache.wait_idle()
+        assert_clean(cache)
+
+
+@pytest.mark.asyncio
+async def test_a_fill_into_framework_owned_device_pages_takes_only_the_missing_pools() -> None:
+    plan, settings = stack_plan("state")
+    async with open_cache(
+        plan, backend="torch", settings=settings, device_ownership="framework"
+    ) as rt:
+        cache = rt.cache
+        req = Request(rt, 4)
+        await req.insert(cache)
+        await cache.wait_idle()
+        evicted = await cache.evict(Tier.DEVICE, 10, MAMBA)
+        assert evicted.freed[MAMBA] == (req.device[MAMBA][0],)  # back to the framework
+        async with await cache.match(req.tokens) as m:
+            assert m.load_counts() == {MAMBA: 1}
+            with pytest.raises(ConfigError, match=r"pass device_pages with \{'mamba': 1\} pages"):
+                await cache.load(m)
+            with pytest.raises(ConfigError, match=r"give \{'kv': 4, 'mamba': 1\} pages; this load needs \{'mamba': 1\}"):
+                await cache.load(m, {KV: [0, 1, 2, 3], MAMBA: [3]})  # the KV is not wanted
+            load = await cache.load(m, {MAMBA: [3]})  # wherever the framework wants it
+            await load.wait()
+            assert m.placements()[3][MAMBA] == 3
+            req.check_restored(m.placements(), 4)
         assert_clean(cache)
 
 

@@ -340,9 +340,10 @@ class HiCache:
             if device_pages is not None:
                 break
             if self.work.framework_device:
+                want = {p.value: n for p, n in counts.items()}
                 raise ConfigError(
                     "the framework owns device pages (device_ownership='framework'): pass "
-                    "device_pages with {p.value: n for p, n in counts.items()} pages"
+                    f"device_pages with {want} pages"
                 )
             ids = await self.work.allocate(Tier.DEVICE, counts)
             allocated = True
@@ -356,10 +357,9 @@ class HiCache:
         if device_pages is not None:
             got = {pool_name(p): list(v) for p, v in device_pages.items()}
             if {p: len(v) for p, v in got.items()} != counts:
-                raise ConfigError(
-                    "device_pages give {p.value: len(v) for p, v in got.items()} "
-                    "pages; this load needs {p.value: n for p, n in counts.items()}"
-                )
+                given = {p.value: len(v) for p, v in got.items()}
+                want = {p.value: n for p, n in counts.items()}
+                raise ConfigError(f"device_pages give {given} pages; this load needs {want}")
             ids, allocated = got, False
         # A page whose device copy lacks pools gets only those (a fill of that copy).
         wants = [sorted(pools[i], key=lambda p: p.value) for i in todo]
