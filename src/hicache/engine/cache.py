@@ -13,7 +13,8 @@
 - prefetch(match or token_ids): storage -> host in bounded batches before the deadline of the
   storage tier's prefetch policy; a hit is the leading run read.
 - evict(tier, pages, pool=None): LRU eviction from DEVICE or HOST (write_back: copies first).
-- statistics(), aclose(), checkpoint_boundaries(n_pages), device_placements(match).
+- statistics(), aclose(), checkpoint_boundaries(n_pages), device_placements(match),
+  load_pools(match) (per page, the pools a load of the match copies).
 
 Hybrid groups: a hit ends at a boundary where every pool restores (docs/cache.md); a page
 partly on the device (e.g. its KV there, its state checkpoint only on host) is restorable: its
