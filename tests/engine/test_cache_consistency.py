@@ -197,13 +197,17 @@ async def test_a_missing_state_checkpoint_shrinks_the_hit() -> None:
         await cache.wait_idle()
         await cache.evict(Tier.DEVICE, 1, MAMBA)  # the state pool's page only
         async with await cache.match(tokens) as match:
-            # Page 1 keeps its KV on the device but its checkpoint only on host: the index
-            # loads whole pages, so that boundary is not loadable (documented limitation).
-            assert (match.device_pages, match.host_pages) == (0, 0)
-        await cache.evict(Tier.DEVICE, 100)  # the KV too: now the whole prefix is on host
-        async with await cache.match(tokens) as match:
+            # Page 1 keeps its KV on the device but its checkpoint only on host: not a device
+            # hit, but a host hit whose load copies only the checkpoint.
             assert (match.device_pages, match.host_pages) == (0, 2)
+            assert match.load_counts() == {MAMBA: 1}
             await (await cache.load(match)).wait()
+            assert [w[KV] for w in match.placements()] == list(got[KV][:2])
+        _clean(rig, cache)
+        await cache.evict(Tier.HOST, 1, MAMBA)  # now the checkpoint is nowhere but the device
+        await cache.evict(Tier.DEVICE, 1, MAMBA)  # and then nowhere: the hit shrinks
+        async with await cache.match(tokens) as match:
+            assert (match.device_pages, match.host_pages) == (0, 0)
         _clean(rig, cache)
 
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from hicache.bootstrap.cache import CacheRuntime, open_cache
-from hicache.domain.errors import CacheStateError
+from hicache.domain import PoolName
 from hicache.domain.tiers import Tier
 from hicache.engine.cache_match import CacheLoad, CacheMatch
 from tests.engine.cache_helpers import KV, Request, assert_clean, stack_plan
@@ -121,11 +121,12 @@ async def test_a_load_whose_allocation_waited_joins_a_load_that_brought_its_page
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("stack", ["parallel_hybrid", "sliding"])
-async def test_a_page_the_device_holds_without_the_pools_the_match_restores_is_loaded_whole(
+async def test_a_page_the_device_holds_without_the_pools_the_match_restores_gets_only_those(
     stack: str,
 ) -> None:
     # Found by the soak as "already on DEVICE" on the parallel hybrid stack: after the match,
-    # another request inserted the same pages without a state checkpoint / window page.
+    # another request inserted the same pages without a state checkpoint / window page. The
+    # load keeps that device copy and copies only the pools it lacks.
     plan, settings = stack_plan(stack)
     async with open_cache(plan, backend="torch", settings=settings) as rt:
         cache = rt.cache
@@ -136,6 +137,7 @@ async def test_a_page_the_device_holds_without_the_pools_the_match_restores_is_l
         assert cache.index.placement(Tier.DEVICE, m.keys[2]) == {KV: ids[2]}
         load = await cache.load(m)
         await load.wait()
+        assert [w[KV] for w in m.placements()] == list(ids)  # the inserted copies, completed
         req.check_restored(m.placements(), 3)
         m.release()
         await cache.wait_idle()
@@ -143,7 +145,9 @@ async def test_a_page_the_device_holds_without_the_pools_the_match_restores_is_l
 
 
 @pytest.mark.asyncio
-async def test_a_partial_device_copy_pinned_by_another_match_is_a_cache_state_error() -> None:
+async def test_a_partial_device_copy_pinned_by_another_match_is_completed_in_place() -> None:
+    # Was a CacheStateError ("cannot be replaced: pinned there by another match") while a load
+    # replaced partial device copies whole; a load now copies only the pools they lack.
     plan, settings = stack_plan("parallel_hybrid")
     async with open_cache(plan, backend="torch", settings=settings) as rt:
         cache = rt.cache
@@ -152,12 +156,11 @@ async def test_a_partial_device_copy_pinned_by_another_match_is_a_cache_state_er
         ids = rt.runtime.device_slots.allocate({KV: 3}).pages[KV]
         await cache.insert(req.tokens[: 3 * cache.page_size], {KV: list(ids)})
         cache.index.pin(Tier.DEVICE, [m.keys[2]])  # what another request's match would hold
-        with pytest.raises(CacheStateError, match="cannot be replaced: pinned there"):
-            await cache.load(m)
-        assert cache.index.placement(Tier.DEVICE, m.keys[2]) == {KV: ids[2]}  # nothing changed
-        cache.index.unpin(Tier.DEVICE, [m.keys[2]])
-        load = await cache.load(m)  # once the other match is gone, it loads
+        assert m.load_counts() == {PoolName.MAMBA: 1}  # only the checkpoint is missing
+        load = await cache.load(m)
         await load.wait()
+        assert cache.index.placement(Tier.DEVICE, m.keys[2])[KV] == ids[2]  # type: ignore[index]
+        cache.index.unpin(Tier.DEVICE, [m.keys[2]])
         req.check_restored(m.placements(), 3)
         m.release()
         await cache.wait_idle()

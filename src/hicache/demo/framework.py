@@ -412,14 +412,11 @@ class DemoServer:
             self.free_pages(result.freed)
         return result.evicted
 
-    async def warm_host(self, tokens: Seq[int]) -> None:
-        """Make the host hit of ``tokens`` as deep as the storage hint: when storage restores
-        more, evict the host tier and prefetch the whole prefix."""
-        async with await self.cache.match(list(tokens[: len(tokens) - 1])) as m:
-            deeper = m.storage_pages > m.host_pages
-        if deeper:
-            await self.evict_all(Tier.HOST)
-            await self.prefetch(tokens)
+    async def warm_host(self, tokens: Seq[int]) -> int:
+        """Make the host hit of ``tokens`` as deep as the storage hint: prefetch what the host
+        lacks (whole pages, or only the state checkpoints and window pages of pages whose KV is
+        on host already); pages read."""
+        return await self.prefetch(tokens)
 
     async def prefetch(self, tokens: Seq[int]) -> int:
         """Storage -> host for ``tokens``' stored pages past the host hit; pages read."""

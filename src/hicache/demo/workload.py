@@ -219,8 +219,8 @@ async def _run(
             if store is not None:
                 # An earlier storage hit evicted the host tier and prefetched only its own
                 # prompt's pages: the branch's system prompt then has its KV on host but its
-                # state checkpoint on storage only, and a prefetch skips pages whose KV is on
-                # host. Bring the whole prefix back from storage first, untimed.
+                # state checkpoint on storage only. The prefetch brings just that checkpoint
+                # back to host (the KV pages on host are kept), untimed.
                 await server.warm_host(prompt)
             runs.append(
                 await run_cached(

@@ -3,6 +3,9 @@
 - PageRecord: one page key's state in the index: placements per tier, pins, the transfer
   reserving each tier, the pool an eviction drops after its copy-down, LRU stamps, hits.
 - count_pages(records, tickets, evictions): the IndexStats of a set of records.
+- destination_refusal(page, kind, dest, anchor): why a transfer may not reserve ``dest`` on its
+  destination tier for this page (None: it may); a destination without the anchor is a fill,
+  which completes a copy already there with the pools it lacks.
 - check_invariants(records, ...): raise CacheStateError naming the first broken invariant of the
   index (idle records, negative pins, stale or lost transfers, the anchor missing, LRU stamps
   that disagree with the state, unpinned sources); ``PrefixIndex.validate()`` calls it.
@@ -15,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from hicache.domain.errors import CacheStateError
 from hicache.domain.lru import TickLru
 from hicache.domain.pools import PoolName
-from hicache.domain.tiers import IndexStats, Ticket, Tier
+from hicache.domain.tiers import IndexStats, OpKind, Placement, Ticket, Tier
 
 _TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
 
@@ -57,6 +60,35 @@ def count_pages(
         in_flight=tickets,
         evictions=(evictions[0], evictions[1], evictions[2]),
     )
+
+
+def destination_refusal(
+    page: PageRecord, kind: OpKind, dest: Placement, anchor: PoolName
+) -> str | None:
+    """Why ``kind`` may not reserve ``dest`` on its destination tier for ``page`` (None: it may).
+
+    A whole page (``dest`` holds the anchor) needs the tier free of the page; a fill (no anchor)
+    needs the page's copy there with the anchor, none of ``dest``'s pools, and no eviction
+    waiting on it.
+    """
+    dst = kind.dest
+    name = f"{kind.value}: page {page.key.hex()[:16]}"
+    if page.pending[dst]:
+        return f"{name} is already on its way to {dst.name}"
+    at = page.at[dst]
+    if anchor in dest:
+        return None if at is None else f"{name} is already on {dst.name}"
+    if at is None or anchor not in at:
+        return (
+            f"{name}: a destination without the anchor completes a copy on {dst.name}, and "
+            f"there is none"
+        )
+    if page.evicting[dst] is not None:
+        return f"{name}: its copy on {dst.name} is being evicted"
+    both = sorted(q.value for q in dest if q in at)
+    if both:
+        return f"{name} already has {both} on {dst.name}"
+    return None
 
 
 def check_invariants(
@@ -107,4 +139,4 @@ def check_invariants(
                 raise CacheStateError(f"ticket {ticket.id}: source of {k.hex()[:16]} unpinned")
 
 
-__all__ = ["PageRecord", "check_invariants", "count_pages"]
+__all__ = ["PageRecord", "check_invariants", "count_pages", "destination_refusal"]

@@ -100,8 +100,12 @@ class IndexState:
 
             self._lru.touch(seq, slot, admit)
 
-    def _check_placement(self, where: Mapping[PoolName, int], what: str) -> dict[PoolName, int]:
-        if self._anchor not in where:
+    def _check_placement(
+        self, where: Mapping[PoolName, int], what: str, *, fill: bool = False
+    ) -> dict[PoolName, int]:
+        if fill and not where:
+            raise ConfigError(f"{what}: an empty placement")
+        if self._anchor not in where and not fill:
             raise ConfigError(f"{what}: a placement needs the anchor {self._anchor.value!r}")
         bad = [p.value for p in where if p not in self._follows or self._follows[p]]
         if bad:

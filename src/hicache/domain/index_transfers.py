@@ -3,7 +3,9 @@
 - IndexTransfers: the transfer half of PrefixIndex (its base, over IndexState).
 - prepare_backup(keys, host) / prepare_load(keys, device) / prepare_prefetch(keys, host) /
   prepare_store(keys): check the pages and destinations, pin each source, mark each
-  destination pending (invisible to match) and return the Ticket in flight.
+  destination pending (invisible to match) and return the Ticket in flight. A load or prefetch
+  destination without the anchor is a fill: it adds the pools a page's copy on that tier lacks
+  (the copy stays pinned until complete).
 - complete(ticket, ok): the pages whose copy succeeded become visible on the destination
   (a prefetch also records the storage objects read); failed destinations and the sources a
   write_back eviction waited for come back in ``free``; a host arrival may ask for storage
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hicache.domain.errors import CacheStateError, ConfigError
-from hicache.domain.index_pages import PageRecord
+from hicache.domain.index_pages import PageRecord, destination_refusal
 from hicache.domain.index_state import IndexState
 from hicache.domain.tiers import Actions, Freed, OpKind, Placement, Ticket, Tier
 
@@ -36,10 +38,9 @@ class IndexTransfers(IndexState):
             if p.key in seen:
                 raise CacheStateError(f"{kind.value}: page {p.key.hex()[:16]} twice in one batch")
             seen.add(p.key)
-            if p.at[dst] is not None or p.pending[dst]:
-                raise CacheStateError(
-                    f"{kind.value}: page {p.key.hex()[:16]} is already on {dst.name} or on its way"
-                )
+            refused = destination_refusal(p, kind, dest, self._anchor)
+            if refused is not None:
+                raise CacheStateError(refused)
             source = p.at[src]
             if src == Tier.STORAGE:
                 continue
@@ -63,8 +64,12 @@ class IndexTransfers(IndexState):
             dests=tuple(dests),
         )
         self._next_ticket += 1
-        for p in pages:
+        for p, dest in zip(pages, dests, strict=True):
             p.pending[dst] = ticket.id
+            if self._anchor not in dest:  # a fill: keep the copy it completes where it is
+                p.pins[dst] += 1
+                if p.pins[dst] == 1:
+                    self._lru_remove(p, dst)
             if src != Tier.STORAGE:
                 p.pins[src] += 1
                 if p.pins[src] == 1:
@@ -79,15 +84,18 @@ class IndexTransfers(IndexState):
         return self._new_ticket(OpKind.BACKUP, [self._page(k) for k in keys], dests)
 
     def prepare_load(self, keys: Sequence[bytes], device: Sequence[Placement]) -> Ticket:
-        """Host -> device into the caller's device pages ``device``."""
+        """Host -> device into the caller's device pages ``device`` (without the anchor: a fill)."""
         self._same_len(keys, device, "prepare_load")
-        dests = [self._check_placement(w, "prepare_load") for w in device]
+        dests = [self._check_placement(w, "prepare_load", fill=True) for w in device]
         return self._new_ticket(OpKind.LOAD, [self._page(k) for k in keys], dests)
 
     def prepare_prefetch(self, keys: Sequence[bytes], host: Sequence[Placement]) -> Ticket:
-        """Storage -> host into ``host``; pages the index did not know are created (hidden)."""
+        """Storage -> host into ``host``; pages the index did not know are created (hidden).
+
+        A placement without the anchor is a fill of a page on host that lacks those pools.
+        """
         self._same_len(keys, host, "prepare_prefetch")
-        dests = [self._check_placement(w, "prepare_prefetch") for w in host]
+        dests = [self._check_placement(w, "prepare_prefetch", fill=True) for w in host]
         fresh = [k for k in dict.fromkeys(keys) if k not in self._pages]
         for k in fresh:
             self._pages[k] = PageRecord(k, self._slots)
@@ -122,14 +130,18 @@ class IndexTransfers(IndexState):
         for key, dest, good in zip(ticket.keys, ticket.dests, flags, strict=True):
             page = self._pages[key]
             page.pending[dst] = 0
+            fill = self._anchor not in dest
+            if fill:
+                page.pins[dst] -= 1
             if good:
-                page.at[dst] = dict(dest)
+                page.at[dst] = {**(page.at[dst] or {}), **dest}
                 if ticket.kind is OpKind.PREFETCH:
-                    page.at[Tier.STORAGE] = {**(page.at[Tier.STORAGE] or {}), **self._objects(dest)}
-                self._lru_add(page, dst)
+                    got = dict.fromkeys(dest, 0) if fill else self._objects(dest)
+                    page.at[Tier.STORAGE] = {**(page.at[Tier.STORAGE] or {}), **got}
                 arrived.append(page)
             elif dst != Tier.STORAGE:
                 free.extend(Freed(dst, pool, pid) for pool, pid in dest.items())
+            self._lru_add(page, dst)  # no-op unless the copy there is whole and unpinned
             if src != Tier.STORAGE:
                 page.pins[src] -= 1
                 scope = page.evicting[src]

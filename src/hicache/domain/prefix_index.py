@@ -16,7 +16,8 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
 - evict(tier, count, pool): frees up to ``count`` least-recently-used unpinned pages of ``pool``
   (the anchor by default: whole pages; an independent pool: only its pages); under write_back the
   victims are backed up first (their ids are freed by that backup's completion).
-- drop(tier, keys): forget pages on a tier now (e.g. a storage MISS); returns their ids to free.
+- drop(tier, keys, pool=None): forget pages (or one pool's objects) on a tier now (e.g. a storage
+  MISS); returns their ids to free.
 - placement(tier, key), statistics(), validate() (hicache.domain.index_pages holds the page
   record, the counts and the invariant checks).
 
@@ -142,7 +143,8 @@ class PrefixIndex(IndexTransfers):
                 page.at[dev] = where  # stamped by the touch below, in LRU order
             else:
                 for pool, pid in where.items():
-                    if have is None or pool in have:
+                    # a load on its way (a whole page, or a fill of this copy) brings its own
+                    if have is None or pool in have or page.pending[dev]:
                         free.append(Freed(dev, pool, pid))
                     else:
                         have[pool] = pid  # stamped by the touch below
@@ -225,16 +227,20 @@ class PrefixIndex(IndexTransfers):
             return Actions(backup=ops, free=tuple(free), evicted=taken)
         return Actions(store=ops, free=tuple(free), evicted=taken)
 
-    def drop(self, tier: Tier, keys: Sequence[bytes]) -> Actions:
-        """Forget ``keys`` on ``tier`` now (unknown keys are ignored); pinned pages refuse."""
+    def drop(self, tier: Tier, keys: Sequence[bytes], pool: PoolName | None = None) -> Actions:
+        """Forget ``keys`` on ``tier`` now (unknown keys are ignored); pinned pages refuse.
+
+        ``pool``: only that pool's pages (objects, on STORAGE); default: whole pages.
+        """
         pages = [p for p in (self._pages.get(k) for k in keys) if p is not None]
         pinned = [p.key.hex()[:16] for p in pages if p.pins[tier]]
         if pinned:
             raise CacheStateError(f"drop: pages {pinned} are pinned on {tier.name}")
         free: list[Freed] = []
         for p in pages:
-            p.evicting[tier] = None
-            free.extend(self._drop(p, tier, self._anchor))
+            if pool is None:
+                p.evicting[tier] = None
+            free.extend(self._drop(p, tier, self._anchor if pool is None else pool))
             if p.idle():
                 del self._pages[p.key]
         return Actions(free=tuple(free))

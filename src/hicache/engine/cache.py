@@ -14,11 +14,12 @@
 - prefetch(match or token_ids): storage -> host in bounded batches before the deadline of the
   storage tier's prefetch policy; a hit is the leading run read (hicache.engine.cache_prefetch).
 - evict(tier, pages, pool=None): LRU eviction from DEVICE or HOST (write_back: copies first).
-- statistics(), aclose(), checkpoint_boundaries(n_pages), device_placements(match).
+- statistics(), aclose(), checkpoint_boundaries(n_pages), device_placements(match),
+  load_pools(match) (per page, the pools a load of the match copies).
 
 Hybrid groups: a hit ends at a boundary where every pool restores (docs/cache.md); a page
-partly on the device (e.g. its KV there, its state checkpoint only on host) cannot be loaded
-(the index loads whole pages), so the hit stops before it.
+partly on the device (e.g. its KV there, its state checkpoint only on host) is restorable: its
+device copy stays pinned and ``load`` copies only the pools it lacks (cache_load.load_pools).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from hicache.domain.tiers import Tier
 from hicache.engine._ops import wait_until
 from hicache.engine.cache_hit import HitRules, find_hit
 from hicache.engine.cache_insert import insert_placements
-from hicache.engine.cache_load import load_match
+from hicache.engine.cache_load import load_match, load_pools
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
 from hicache.engine.cache_storage import CacheStorage
 from hicache.engine.cache_values import (
@@ -202,6 +203,9 @@ class HiCache:
     async def wait_idle(self) -> None:
         """Return once no background work (backups, storage writes, load settling) runs."""
         await wait_until(lambda: self.work.busy == 0)
+
+    def load_pools(self, match: CacheMatch) -> list[frozenset[PoolName]]:
+        return load_pools(self, match)
 
     def device_placements(self, match: CacheMatch) -> list[dict[PoolName, int]]:
         out: list[dict[PoolName, int]] = []

@@ -20,6 +20,7 @@ from hicache.domain.hybrid import GroupRules, Restore, needed_pages, usable_boun
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
+from hicache.engine.cache_load import completes, partial
 from hicache.engine.cache_match import CacheMatch, MatchPins
 from hicache.engine.cache_storage import storage_boundary
 from hicache.engine.cache_work import Counters
@@ -48,8 +49,8 @@ class HitRules:
 
         def has(pool: PoolName, i: int) -> bool:
             where = at[i]
-            if where is not None:
-                return owner[pool] in where
+            if where is not None and owner[pool] in where:
+                return True
             if fallback is None:
                 return False
             other = fallback[i]
@@ -120,9 +121,15 @@ async def find_hit(
         h = hits.boundary(m.host_pages, dev_at, host_at)
     # Pin what was read before any await: a concurrent eviction during the storage hint
     # or the TP agreement must not take pages this match is about to return.
+    # A host copy is pinned where there is no device copy, and where it has pools the
+    # device copy lacks (a load may complete the device copy from it).
+    on_host = [
+        dev_at[i] is None or completes(dev_at[i], host_at[i] if host_at else None)
+        for i in range(h)
+    ]
     sources = [Tier.DEVICE if dev_at[i] is not None else Tier.HOST for i in range(h)]
     dev_keys = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
-    host_keys = [keys[i] for i in range(h) if sources[i] is Tier.HOST]
+    host_keys = [keys[i] for i in range(h) if on_host[i]]
     index.pin(Tier.DEVICE, dev_keys)
     try:
         index.pin(Tier.HOST, host_keys)
@@ -135,16 +142,19 @@ async def find_hit(
         index.unpin(Tier.DEVICE, dev_keys)
         index.unpin(Tier.HOST, host_keys)
         raise
-    # Keep the pins of the agreed hit only.
+    # Keep the pins of the agreed hit only: a page partly on the device keeps both.
+    needed = hits.needed(h)
+    to_load = [
+        i < h and on_host[i] and partial(dev_at[i], needed[i]) for i in range(len(on_host))
+    ]
     extra_dev = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.DEVICE]
-    extra_host = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.HOST]
+    extra_host = [keys[i] for i in range(len(on_host)) if on_host[i] and not to_load[i]]
     index.unpin(Tier.DEVICE, extra_dev)
     index.unpin(Tier.HOST, extra_host)
-    sources = sources[:h]
-    needed = hits.needed(h)
     pins = MatchPins()
     pins.device = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
-    pins.host = [keys[i] for i in range(h) if sources[i] is Tier.HOST]
+    pins.host = [keys[i] for i in range(h) if to_load[i]]
+    sources = [Tier.HOST if to_load[i] else Tier.DEVICE for i in range(h)]
     count_match(cache.counters, cache.page_size, len(token_ids), d, h, s)
     return CacheMatch(
         cache,

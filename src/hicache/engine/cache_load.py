@@ -1,7 +1,8 @@
 """A load of the cache face: the host part of a hit copied to the device, and its two ends.
 
 - load_match(cache, match, device_pages, after): joins loads already bringing the match's pages,
-  takes (or allocates) the device pages, drops partial device copies, prepares the index's
+  takes (or allocates) the device pages (only the missing pools of a page partly on the
+  device: a fill of that copy), prepares the index's
   ticket, registers the pages as loading and asks the engine; a failure before the engine
   answers aborts the ticket and gives the pages back (shielded); a CacheLoad.
 - arriving(cache, key, pools): whether a load is bringing ``key`` to the device or it is there
@@ -9,9 +10,13 @@
 - join_loads(cache, match): pages of the match that another load is bringing to the device are
   waited for and taken from the device (their pins move from host to device), so a prefix that
   two requests load at once is copied once.
-- displace_partial(cache, keys): pages a load must restore whole that the device holds only in
-  part (no window page or state checkpoint there) lose that partial copy, so the host's whole
-  page can be loaded; CacheStateError when the copy is pinned by another match.
+- load_pools(cache, match): per page of the host hit, the pools a load copies: none for a page
+  taken from the device, every pool it restores for a page not on the device, and only the
+  pools its device copy lacks for a page partly there (a window page or state checkpoint not
+  inserted or evicted there): the load completes that copy (an index fill) instead of
+  replacing it, so a copy another match pins, or framework-owned pages, stay as they are.
+- completes(device, host) / partial(device, needed): whether a host copy has pools a device
+  copy lacks; whether a device copy lacks pools a page restores.
 - settle_load(cache, load, handle, ticket, allocated): runs in the face's task group once the
   engine's load finished: registers the pages on the device tier and pins them for the match,
   or aborts the ticket and frees the device pages it allocated; always shielded.
@@ -26,7 +31,7 @@ import anyio
 
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.pools import PoolName
-from hicache.domain.tiers import Tier
+from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_insert import pool_name
 from hicache.engine.cache_match import CacheLoad, CacheMatch
 from hicache.engine.cache_work import _split
@@ -54,39 +59,36 @@ async def load_match(
             load = CacheLoad(match, None)
             match.attach(load)
             return load
+        pools = load_pools(cache, match)
         counts = match.load_counts()
         if device_pages is not None:
             break
         if work.framework_device:
+            want = {p.value: n for p, n in counts.items()}
             raise ConfigError(
                 "the framework owns device pages (device_ownership='framework'): pass "
-                "device_pages with {p.value: n for p, n in counts.items()} pages"
+                f"device_pages with {want} pages"
             )
         ids = await work.allocate(Tier.DEVICE, counts)
         allocated = True
         # The allocation may have awaited an eviction: another request's load may have
         # brought (or started bringing) some of these pages meanwhile. Give the pages back
         # and join it rather than copy a page twice.
-        if not any(arriving(cache, match.keys[i], match.needed[i]) for i in todo):
+        coming = any(arriving(cache, match.keys[i], match.needed[i]) for i in todo)
+        if not coming and load_pools(cache, match) == pools:
             break
         engine.free_device(ids)
     if device_pages is not None:
         got = {pool_name(p): list(v) for p, v in device_pages.items()}
         if {p: len(v) for p, v in got.items()} != counts:
-            raise ConfigError(
-                "device_pages give {p.value: len(v) for p, v in got.items()} "
-                "pages; this load needs {p.value: n for p, n in counts.items()}"
-            )
+            given = {p.value: len(v) for p, v in got.items()}
+            want = {p.value: n for p, n in counts.items()}
+            raise ConfigError(f"device_pages give {given} pages; this load needs {want}")
         ids, allocated = got, False
-    wants = [sorted(match.needed[i], key=lambda p: p.value) for i in todo]
+    # A page whose device copy lacks pools gets only those (a fill of that copy).
+    wants = [sorted(pools[i], key=lambda p: p.value) for i in todo]
     dests = _split(counts, ids, wants)
     keys = [match.keys[i] for i in todo]
-    try:
-        displace_partial(cache, keys)
-    except BaseException:
-        if allocated:
-            engine.free_device(ids)
-        raise
     # Registered before the engine is asked (an await): a concurrent load of the same
     # pages joins this one instead of finding them "on their way" with nobody to wait for.
     load = CacheLoad(match, None, starting=True)
@@ -159,28 +161,27 @@ async def join_loads(cache: HiCache, match: CacheMatch) -> None:
         if not others:
             return
 
-def displace_partial(cache: HiCache, keys: Sequence[bytes]) -> None:
-    """Pages this load must restore whole that the device holds only in part (another request
-    inserted them without a window page or a state checkpoint, or a pool's copy was evicted
-    there since the match): that partial copy is dropped, so the host's whole page can be
-    loaded. CacheStateError when it cannot be: pinned there by another match, or device pages
-    the framework owns (the face cannot hand their ids back from a load)."""
-    index = cache.index
-    partial = [k for k in keys if index.placement(Tier.DEVICE, k) is not None]
-    if not partial:
-        return
-    pinned = [k.hex()[:16] for k in partial if index.pins(Tier.DEVICE, k)]
-    if pinned or cache.work.framework_device:
-        why = (
-            f"pinned there by another match ({pinned})"
-            if pinned
-            else "the framework owns device pages"
-        )
-        raise CacheStateError(
-            f"load: pages {[k.hex()[:16] for k in partial]} are on the device without every "
-            f"pool this match restores, and that copy cannot be replaced: {why}"
-        )
-    cache.work.free(index.drop(Tier.DEVICE, partial).free)
+def completes(device: Placement | None, host: Placement | None) -> bool:
+    """Whether ``host`` holds pools the ``device`` copy lacks."""
+    return host is not None and device is not None and not host.keys() <= device.keys()
+
+
+def partial(device: Placement | None, needed: frozenset[PoolName]) -> bool:
+    """Whether a page that restores ``needed`` must be loaded: no device copy, or one without
+    every pool of ``needed``."""
+    return device is None or not needed <= device.keys()
+
+
+def load_pools(cache: HiCache, match: CacheMatch) -> list[frozenset[PoolName]]:
+    """Per page of ``match``, the pools its load copies (see the module docstring)."""
+    out: list[frozenset[PoolName]] = []
+    for key, src, needed in zip(match.keys, match.sources, match.needed, strict=False):
+        if src is Tier.DEVICE:
+            out.append(frozenset())
+            continue
+        where = cache.index.placement(Tier.DEVICE, key)
+        out.append(needed if where is None else needed - where.keys())
+    return out
 
 
 async def settle_load(

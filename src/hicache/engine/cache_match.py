@@ -47,7 +47,8 @@ class CacheMatch:
 
     ``device_pages``: already on the device; ``host_pages``: restorable by ``load`` (device or
     host); ``storage_pages``: also counting what a prefetch may bring from storage (a hint).
-    ``sources[i]`` says where page i of the host hit comes from (DEVICE or HOST) and
+    ``sources[i]`` says where page i of the host hit comes from (DEVICE or HOST: a page partly
+    on the device is HOST, its load copies only the pools missing there) and
     ``needed[i]`` which slot-owning pools page i must restore (hybrid groups: the anchor on every
     page, a window pool on the window's pages, a state pool at the last page only).
     """
@@ -108,10 +109,9 @@ class CacheMatch:
     def load_counts(self) -> dict[PoolName, int]:
         """Device pages per pool that ``load`` needs (for framework-owned device pages)."""
         counts: dict[PoolName, int] = {}
-        for src, pools in zip(self.sources, self.needed, strict=True):
-            if src is Tier.HOST:
-                for p in pools:
-                    counts[p] = counts.get(p, 0) + 1
+        for pools in self._cache.load_pools(self):
+            for p in pools:
+                counts[p] = counts.get(p, 0) + 1
         return counts
 
     def placements(self) -> list[dict[PoolName, int]]:

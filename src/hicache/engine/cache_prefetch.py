@@ -8,9 +8,16 @@
   storage entries (the store did not have them, or could not give them now). Stops at the first
   page that was not read. Cancellation at any await: the ticket is aborted and the host pages
   come back (shielded).
+- reads(cache, keys, start, end): per page to read, its index and the pools to read: every pool
+  the hit needs for a page not on host; for a page on host, only the pools its copy lacks (a
+  fill: a state checkpoint or window page evicted from host); nothing for a page whose host copy
+  is whole.
 
 What is read per page for a hit of ``end`` pages: the anchor (and its sidecars) on every page, a
-window pool on the window's pages before ``end``, a state pool's checkpoint at page ``end - 1``.
+window pool on the window's pages before ``end``, a state pool's checkpoint at page ``end - 1``,
+less what the page's host copy already holds. A fill pins the page's host copy from before its
+host pages are allocated (an eviction to make room cannot take it) until the read completes; a
+failed fill frees only the pages it allocated and drops only those pools' storage entries.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from hicache.domain.errors import CacheStateError, OutOfSlotsError
 from hicache.domain.hybrid import needed_pages
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
-from hicache.domain.tiers import Tier
+from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_match import CacheMatch
 from hicache.engine.cache_storage import storage_boundary
 from hicache.engine.cache_values import PrefetchResult
@@ -42,6 +49,19 @@ def _wants(cache: HiCache, start: int, end: int) -> list[list[PoolName]]:
             if i >= start:
                 sets[i - start].add(owner)
     return [sorted(s, key=lambda p: p.value) for s in sets]
+
+
+def reads(
+    cache: HiCache, keys: Sequence[bytes], start: int, end: int
+) -> list[tuple[int, list[PoolName]]]:
+    """The pages of ``keys[start:end]`` to read and the pools to read for each (module doc)."""
+    out: list[tuple[int, list[PoolName]]] = []
+    for i, want in enumerate(_wants(cache, start, end), start):
+        have = cache.index.placement(Tier.HOST, keys[i])
+        pools = want if have is None else [p for p in want if p not in have]
+        if pools:
+            out.append((i, pools))
+    return out
 
 
 async def prefetch(
@@ -63,30 +83,22 @@ async def prefetch(
     if hint < 0:
         hint = await storage_boundary(cache, keys, max(start, m.storage_pages))
     end = min(hint, len(keys))
-    # Pages already on host (or on their way) beyond the host hit cannot be prefetched again:
-    # stop before the first one.
-    for i in range(start, end):
-        if cache.index.placement(Tier.HOST, keys[i]) is not None:
-            end = i
-            break
-    requested = end - start
+    todo = reads(cache, keys, start, end)
+    requested = len(todo)
     if requested < cache.settings.prefetch_min_pages:
         return PrefetchResult(requested=requested, read=0, host_pages=start, page_size=ps,
                               skipped="fewer pages than prefetch_min_pages")
     if deadline is None:
         deadline = storage.deadline_for(requested * ps)
-    wants = _wants(cache, start, end)
     batch = cache.settings.prefetch_batch_pages
     read = 0
     cache.counters.add("prefetches")
-    pos = start
-    while pos < end:
-        stop = min(end, pos + batch)
-        n = await _batch(cache, keys[pos:stop], wants[pos - start : stop - start], deadline)
+    for pos in range(0, requested, batch):
+        part = todo[pos : pos + batch]
+        n = await _batch(cache, [keys[i] for i, _ in part], [w for _, w in part], deadline)
         read += n
-        if n < stop - pos:
+        if n < len(part):
             break
-        pos = stop
     host = cache.index.match(keys, touch=False).host_pages
     return PrefetchResult(requested=requested, read=read, host_pages=host, page_size=ps)
 
@@ -99,20 +111,30 @@ async def _batch(
     storage = cache.storage
     if storage is None:  # pragma: no cover - checked by the caller
         return 0
-    counts: dict[PoolName, int] = {}
-    for w in wants:
-        for p in w:
-            counts[p] = counts.get(p, 0) + 1
+    anchor = cache.rules.anchor
+    fills = [k for k, w in zip(keys, wants, strict=True) if anchor not in w]
     try:
-        ids = await cache.work.allocate(Tier.HOST, counts)
-    except OutOfSlotsError:
+        # The host copies a fill completes must outlive the eviction an allocation may run.
+        cache.index.pin(Tier.HOST, fills)
+    except CacheStateError:  # one left host since the pages were chosen: stop before it
         return 0
-    dests = _split(counts, ids, wants)
     try:
-        ticket = cache.index.prepare_prefetch(keys, dests)
-    except CacheStateError:
-        cache.engine.free_host(ids)
-        return 0
+        counts: dict[PoolName, int] = {}
+        for w in wants:
+            for p in w:
+                counts[p] = counts.get(p, 0) + 1
+        try:
+            ids = await cache.work.allocate(Tier.HOST, counts)
+        except OutOfSlotsError:
+            return 0
+        dests = _split(counts, ids, wants)
+        try:
+            ticket = cache.index.prepare_prefetch(keys, dests)
+        except CacheStateError:
+            cache.engine.free_host(ids)
+            return 0
+    finally:
+        cache.index.unpin(Tier.HOST, fills)  # the ticket pins them now (or nothing needs them)
     oks: list[bool] | None = None
     try:
         oks = await storage.read(ticket.keys, ticket.dests, deadline=deadline)
@@ -124,13 +146,24 @@ async def _batch(
             flags = [i < run for i in range(len(flags))]
             acts = cache.index.complete(ticket, flags)
             cache.work.free(acts.free)
-            failed = [k for k, f in zip(ticket.keys, flags, strict=True) if not f]
-            if failed:
-                cache.work.free(cache.index.drop(Tier.STORAGE, failed).free)
+            lost = [(k, d) for k, d, f in zip(ticket.keys, ticket.dests, flags, strict=True) if not f]
+            _forget(cache, lost)
             cache.counters.add("prefetched_pages", run)
             cache.counters.add("bytes_prefetched", cache.work.bytes_of(ticket.dests[:run]))
-            if len(failed) and oks is not None:
+            if lost and oks is not None:
                 cache.counters.add("store_failures", 1)
     if acts.store:
         await cache.work.store(acts.store, wait=False)
     return run
+
+
+def _forget(cache: HiCache, failed: Sequence[tuple[bytes, Placement]]) -> None:
+    """Drop the storage entries of pages not read: a whole page's, or a fill's pools only."""
+    anchor = cache.rules.anchor
+    whole = [k for k, d in failed if anchor in d]
+    if whole:
+        cache.work.free(cache.index.drop(Tier.STORAGE, whole).free)
+    for k, d in failed:
+        if anchor not in d:
+            for pool in d:
+                cache.work.free(cache.index.drop(Tier.STORAGE, [k], pool).free)
