@@ -54,7 +54,7 @@ from hicache.adapters.host_memory import list_segments
 from hicache.adapters.page_patterns import DevicePatterns
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap.cache import open_cache
-from hicache.domain import PoolName
+from hicache.domain import OutOfSlotsError, PoolName
 from hicache.domain.keys import chain_keys
 from hicache.domain.tiers import Tier
 from tests.engine.test_cache_sigkill import PAGE, SETTINGS, plan, request
@@ -71,7 +71,12 @@ async def main():
             tokens = request(r)
             keys = chain_keys(tokens, PAGE)
             await cache.evict(Tier.DEVICE, len(keys))
-            pages = list(slots.allocate({PoolName.KV: len(keys)}).pages[PoolName.KV])
+            try:
+                pages = list(slots.allocate({PoolName.KV: len(keys)}).pages[PoolName.KV])
+            except OutOfSlotsError:  # backups still in flight pin the device pages: let them end
+                await cache.wait_idle()
+                await cache.evict(Tier.DEVICE, 1 << 20)
+                pages = list(slots.allocate({PoolName.KV: len(keys)}).pages[PoolName.KV])
             for key, page in zip(keys, pages):
                 patterns.fill(PoolName.KV, page, key)
             await cache.insert(tokens, {PoolName.KV: pages})
