@@ -125,7 +125,7 @@ def _tiers(
     rank: RankIdentity,
     tier_settings: Any,
 ) -> CacheStorage:
-    from hicache.adapters.storage.page_buffers import HostGroupBuffers, _bytes_of
+    from hicache.adapters.storage.page_buffers import HostGroupBuffers, whole_bytes
     from hicache.engine.storage_tier import StorageTier
 
     buffers = HostGroupBuffers(runtime.host)
@@ -138,7 +138,7 @@ def _tiers(
         tiers[p.name] = StorageTier(store, buffers, namespaces, pools, tier_settings)
     # Zero-copy stores (Mooncake) register the host memory their transfers use, once.
     store.register(
-        [_bytes_of(t) for p in plan.pools for t in runtime.host.pool(p.name).buffers.values()]
+        [whole_bytes(t) for p in plan.pools for t in runtime.host.pool(p.name).buffers.values()]
     )
     return CacheStorage(tiers, anchor=anchor)
 

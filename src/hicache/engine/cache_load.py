@@ -34,7 +34,7 @@ from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_insert import pool_name
 from hicache.engine.cache_match import CacheLoad, CacheMatch
-from hicache.engine.cache_work import _split
+from hicache.engine.cache_work import pool_counts, split_ids
 from hicache.engine.handles import LoadHandle
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ async def load_match(
             match.attach(load)
             return load
         pools = load_pools(cache, match)
-        counts = match.load_counts()
+        counts = pool_counts(pools)
         if device_pages is not None:
             break
         if work.framework_device:
@@ -87,7 +87,7 @@ async def load_match(
         ids, allocated = got, False
     # A page whose device copy lacks pools gets only those (a fill of that copy).
     wants = [sorted(pools[i], key=lambda p: p.value) for i in todo]
-    dests = _split(counts, ids, wants)
+    dests = split_ids(counts, ids, wants)
     keys = [match.keys[i] for i in todo]
     # Registered before the engine is asked (an await): a concurrent load of the same
     # pages joins this one instead of finding them "on their way" with nobody to wait for.

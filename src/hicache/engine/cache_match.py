@@ -25,6 +25,7 @@ import attrs
 from hicache.domain.errors import CacheStateError, TransferError
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Tier
+from hicache.engine.cache_work import pool_counts
 from hicache.engine.handles import LoadHandle
 from hicache.engine.stats import OperationState
 
@@ -108,11 +109,7 @@ class CacheMatch:
 
     def load_counts(self) -> dict[PoolName, int]:
         """Device pages per pool that ``load`` needs (for framework-owned device pages)."""
-        counts: dict[PoolName, int] = {}
-        for pools in self._cache.load_pools(self):
-            for p in pools:
-                counts[p] = counts.get(p, 0) + 1
-        return counts
+        return pool_counts(self._cache.load_pools(self))
 
     def placements(self) -> list[dict[PoolName, int]]:
         """Device page ids of the hit's pages, per page, for the pools each page restores.

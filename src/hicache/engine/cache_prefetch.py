@@ -35,7 +35,7 @@ from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_match import CacheMatch
 from hicache.engine.cache_storage import storage_boundary
 from hicache.engine.cache_values import PrefetchResult
-from hicache.engine.cache_work import _split
+from hicache.engine.cache_work import pool_counts, split_ids
 
 if TYPE_CHECKING:
     from hicache.engine.cache import HiCache
@@ -119,15 +119,12 @@ async def _batch(
     except CacheStateError:  # one left host since the pages were chosen: stop before it
         return 0
     try:
-        counts: dict[PoolName, int] = {}
-        for w in wants:
-            for p in w:
-                counts[p] = counts.get(p, 0) + 1
+        counts = pool_counts(wants)
         try:
             ids = await cache.work.allocate(Tier.HOST, counts)
         except OutOfSlotsError:
             return 0
-        dests = _split(counts, ids, wants)
+        dests = split_ids(counts, ids, wants)
         try:
             ticket = cache.index.prepare_prefetch(keys, dests)
         except CacheStateError:

@@ -1,6 +1,8 @@
 """Performing what the prefix index asks: frees, device -> host backups, host -> storage writes.
 
 - Counters: the face's mutable counters (one owner: the event loop).
+- pool_counts(wants) / split_ids(counts, ids, wants): pages per pool over per-page pool lists;
+  allocated ids handed out to the pages in order.
 - CacheWork: frees page ids (host ids held back while the store says buffers are unsafe),
   allocates host and device pages (evicting from the index when full), starts backups and
   storage writes and settles them (``wait=False``: in the face's task group), always feeding
@@ -50,7 +52,16 @@ def _ids(placements: Iterable[Placement], pools: Sequence[PoolName]) -> PageIds:
     return out
 
 
-def _split(counts: Mapping[PoolName, int], ids: Mapping[PoolName, Sequence[int]],
+def pool_counts(wants: Iterable[Iterable[PoolName]]) -> dict[PoolName, int]:
+    """Pages per pool over ``wants`` (one entry per page: the pools it takes an id of)."""
+    counts: dict[PoolName, int] = {}
+    for pools in wants:
+        for p in pools:
+            counts[p] = counts.get(p, 0) + 1
+    return counts
+
+
+def split_ids(counts: Mapping[PoolName, int], ids: Mapping[PoolName, Sequence[int]],
            wants: Sequence[Iterable[PoolName]]) -> list[dict[PoolName, int]]:
     """Hand out ``ids`` per pool to pages in order, page i taking one id of each pool it wants."""
     pos = dict.fromkeys(counts, 0)
@@ -165,10 +176,7 @@ class CacheWork:
         had they are dropped from the device (the page is lost from the cache, consistently).
         """
         keys = [op.key for op in ops]
-        counts: dict[PoolName, int] = {}
-        for op in ops:
-            for p in op.source:
-                counts[p] = counts.get(p, 0) + 1
+        counts = pool_counts(op.source for op in ops)
         try:
             host = await self.allocate(Tier.HOST, counts)
         except OutOfSlotsError:
@@ -178,7 +186,7 @@ class CacheWork:
             # Write-back victims waiting for this copy are dropped instead (lost, consistent).
             victims = [op.key for op in ops if self.index.pins(Tier.DEVICE, op.key) == 0]
             return self.free(self.index.drop(Tier.DEVICE, victims).free)
-        dests = _split(counts, host, [list(op.source) for op in ops])
+        dests = split_ids(counts, host, [list(op.source) for op in ops])
         try:
             ticket = self.index.prepare_backup(keys, dests)
         except CacheStateError:

@@ -17,8 +17,8 @@ never switches backends on its own.
 The copy loop uses non-temporal (streaming) stores on x86-64 for pieces of 256 B or more: a
 scattered copy does not read the destination's cache lines first, which on the development
 machine lifts 64 KiB page copies from 0.8x to about 1.1x of a contiguous torch copy_ (that copy_
-does not stream). Pieces of 4 KiB or more (a page of one layer in page_first_direct or
-layer_first from page 2 on) are copied eight at a time, 256 B of each in turn, so several source
+does not stream). Pieces of 4 KiB or more (e.g. one page of one layer in page_first_direct or
+layer_first once that page reaches 4 KiB) are copied eight at a time, 256 B of each in turn, so several source
 streams are in flight instead of one that stalls at every piece start (docs/copy.md). Each batch
 ends with a store fence, so the bytes are visible to any thread that synchronises with the
 caller afterwards.

@@ -1,8 +1,10 @@
 """The bytes of one page of one host pool, as the writable segments a Store reads and writes.
 
 - page_buffer: the PageBuffer (memoryview segments, no copy) of page ``page`` of a HostPool.
-- PoolSegments: the same, from byte offsets worked out once per pool (no torch call per page).
-- HostGroupBuffers: the HostPageBuffers port over a materialised HostGroup, on PoolSegments.
+- PoolSegments: a pool's page segments from byte offsets worked out once (no torch call per page).
+- HostGroupBuffers: the HostPageBuffers port over a materialised HostGroup (one PoolSegments per
+  pool, kept).
+- whole_bytes: one buffer as a flat writable memoryview (what a zero-copy store registers).
 
 Segments come buffer by buffer (K then V for MHA; one buffer for MLA and the indexer; one per
 state tensor), and within a buffer:
@@ -23,7 +25,7 @@ from hicache.domain import ForeignIndexError, HostMemoryError, Layout, PoolName
 from hicache.domain.storage import PageBuffer
 
 
-def _bytes_of(buf: torch.Tensor) -> memoryview:
+def whole_bytes(buf: torch.Tensor) -> memoryview:
     """The whole buffer as one flat writable memoryview of bytes (no copy)."""
     flat = buf.reshape(-1).view(torch.uint8)
     return flat.numpy().data
@@ -31,32 +33,13 @@ def _bytes_of(buf: torch.Tensor) -> memoryview:
 
 def page_buffer(pool: HostPool, page: int) -> list[memoryview]:
     """The segments of page ``page`` of ``pool`` (see the module docstring for their order)."""
-    if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < pool.pages:
-        raise ForeignIndexError(
-            f"page {page!r} does not belong to host pool {pool.name.value!r} "
-            f"(pages 0..{pool.pages - 1})"
-        )
-    size = pool.page_size
-    segments: list[memoryview] = []
-    for buf in pool.buffers.values():
-        whole = _bytes_of(buf)
-        base = buf.data_ptr()
-        if pool.layout is Layout.LAYER_FIRST:
-            views = [buf[layer, page * size : (page + 1) * size] for layer in range(buf.shape[0])]
-        elif pool.layout is Layout.PAGE_FIRST:
-            views = [buf[page * size : (page + 1) * size]]
-        else:
-            views = [buf[page]]
-        for view in views:
-            start = view.data_ptr() - base
-            segments.append(whole[start : start + view.numel() * view.element_size()])
-    return segments
+    return PoolSegments(pool).buffer(page)
 
 
 class PoolSegments:
-    """``page_buffer`` of one pool from byte offsets worked out once: a page's segments are
-    slices of one memoryview per buffer, so building them costs no torch call (page_buffer
-    indexes a tensor per segment: about 20 ms for 64 pages of a 61-layer layer_first pool)."""
+    """The segments of one pool's pages from byte offsets worked out once: a page's segments
+    are slices of one memoryview per buffer, so building them costs no torch call (indexing a
+    tensor per segment took about 20 ms for 64 pages of a 61-layer layer_first pool)."""
 
     def __init__(self, pool: HostPool) -> None:
         self.pool = pool
@@ -77,7 +60,7 @@ class PoolSegments:
             else:
                 stride = buf.stride(0) * item
                 firsts = [(0, stride)]
-            self._tables.append((_bytes_of(buf), firsts, stride))
+            self._tables.append((whole_bytes(buf), firsts, stride))
 
     def buffer(self, page: int) -> list[memoryview]:
         """The segments of ``page``; HostMemoryError once the pool is closed (its memory is
@@ -100,7 +83,7 @@ class PoolSegments:
 
 class HostGroupBuffers:
     """HostPageBuffers over a materialised HostGroup: ``buffer(pool, page)`` is
-    ``page_buffer(group.pool(pool), page)``, built from PoolSegments."""
+    ``page_buffer(group.pool(pool), page)``, from a PoolSegments kept per pool."""
 
     def __init__(self, group: HostGroup) -> None:
         self._group = group
