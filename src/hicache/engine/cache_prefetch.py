@@ -23,7 +23,6 @@ failed fill frees only the pages it allocated and drops only those pools' storag
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -33,15 +32,13 @@ from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_match import CacheMatch
+from hicache.engine.cache_parts import CacheParts
 from hicache.engine.cache_storage import storage_boundary
 from hicache.engine.cache_values import PrefetchResult
 from hicache.engine.cache_work import pool_counts, split_ids
 
-if TYPE_CHECKING:
-    from hicache.engine.cache import HiCache
 
-
-def _wants(cache: HiCache, start: int, end: int) -> list[list[PoolName]]:
+def _wants(cache: CacheParts, start: int, end: int) -> list[list[PoolName]]:
     sets: list[set[PoolName]] = [set() for _ in range(end - start)]
     for r in cache.rules.rules:
         owner = cache.rules.anchor if r.follows_anchor else r.pool
@@ -52,7 +49,7 @@ def _wants(cache: HiCache, start: int, end: int) -> list[list[PoolName]]:
 
 
 def reads(
-    cache: HiCache, keys: Sequence[bytes], start: int, end: int
+    cache: CacheParts, keys: Sequence[bytes], start: int, end: int
 ) -> list[tuple[int, list[PoolName]]]:
     """The pages of ``keys[start:end]`` to read and the pools to read for each (module doc)."""
     out: list[tuple[int, list[PoolName]]] = []
@@ -65,7 +62,7 @@ def reads(
 
 
 async def prefetch(
-    cache: HiCache, target: CacheMatch | Sequence[int], *, deadline: float | None = None
+    cache: CacheParts, target: CacheMatch | Sequence[int], *, deadline: float | None = None
 ) -> PrefetchResult:
     ps = cache.page_size
     storage = cache.storage
@@ -104,7 +101,7 @@ async def prefetch(
 
 
 async def _batch(
-    cache: HiCache, keys: Sequence[bytes], wants: Sequence[Sequence[PoolName]],
+    cache: CacheParts, keys: Sequence[bytes], wants: Sequence[Sequence[PoolName]],
     deadline: float | None,
 ) -> int:
     """One batch: the number of leading pages read."""
@@ -154,7 +151,7 @@ async def _batch(
     return run
 
 
-def _forget(cache: HiCache, failed: Sequence[tuple[bytes, Placement]]) -> None:
+def _forget(cache: CacheParts, failed: Sequence[tuple[bytes, Placement]]) -> None:
     """Drop the storage entries of pages not read: a whole page's, or a fill's pools only."""
     anchor = cache.rules.anchor
     whole = [k for k, d in failed if anchor in d]
