@@ -8,6 +8,8 @@
   storage entries (the store did not have them, or could not give them now). Stops at the first
   page that was not read. Cancellation at any await: the ticket is aborted and the host pages
   come back (shielded).
+- TP ranks: the end of the read (the storage hint) and the host hit reported are agreed
+  (minimum, ``cache.ranks``): two agreements per call on every path, skips included.
 - reads(cache, keys, start, end): per page to read, its index and the pools to read: every pool
   the hit needs for a page not on host; for a page on host, only the pools its copy lacks (a
   fill: a state checkpoint or window page evicted from host); nothing for a page whose host copy
@@ -74,16 +76,20 @@ async def prefetch(
         hint = -1
     m = cache.index.match(keys, touch=False)
     start = m.host_pages
-    if storage is None:
-        return PrefetchResult(requested=0, read=0, host_pages=start, page_size=ps,
-                              skipped="no storage tier")
-    if hint < 0:
+    if storage is not None and hint < 0:
         hint = await storage_boundary(cache, keys, max(start, m.storage_pages))
-    end = min(hint, len(keys))
+    # TP ranks: every rank reads up to the same page, and reports the same host hit (the
+    # second agreement, in _agreed_host). Two agreements on every path, so that the ranks'
+    # calls stay paired whatever each rank skips.
+    (end,) = await cache.ranks.agree_min((min(max(hint, start), len(keys)),))
+    if storage is None:
+        return PrefetchResult(requested=0, read=0, host_pages=await _agreed_host(cache, keys),
+                              page_size=ps, skipped="no storage tier")
     todo = reads(cache, keys, start, end)
     requested = len(todo)
     if requested < cache.settings.prefetch_min_pages:
-        return PrefetchResult(requested=requested, read=0, host_pages=start, page_size=ps,
+        return PrefetchResult(requested=requested, read=0,
+                              host_pages=await _agreed_host(cache, keys), page_size=ps,
                               skipped="fewer pages than prefetch_min_pages")
     if deadline is None:
         deadline = storage.deadline_for(requested * ps)
@@ -96,8 +102,14 @@ async def prefetch(
         read += n
         if n < len(part):
             break
-    host = cache.index.match(keys, touch=False).host_pages
-    return PrefetchResult(requested=requested, read=read, host_pages=host, page_size=ps)
+    return PrefetchResult(requested=requested, read=read,
+                          host_pages=await _agreed_host(cache, keys), page_size=ps)
+
+
+async def _agreed_host(cache: CacheParts, keys: Sequence[bytes]) -> int:
+    """The host hit of ``keys`` after a prefetch, agreed over the TP ranks (minimum)."""
+    (host,) = await cache.ranks.agree_min((cache.index.match(keys, touch=False).host_pages,))
+    return host
 
 
 async def _batch(
