@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ def _hit(m: Any) -> list[int]:
     return [m.device_pages, m.host_pages, m.storage_pages]
 
 
-async def _agree(rank: int, out: Path, deadline: float) -> dict[str, Any]:
+async def _agree(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
     seen: dict[str, Any] = {}
     plan, base = stack_plan("dense")
@@ -81,7 +82,7 @@ async def _agree(rank: int, out: Path, deadline: float) -> dict[str, Any]:
     return seen
 
 
-async def _dead(rank: int, out: Path, deadline: float) -> dict[str, Any]:
+async def _dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
     seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank, 7 - rank)))}
     if rank == 1:
@@ -98,26 +99,39 @@ async def _dead(rank: int, out: Path, deadline: float) -> dict[str, Any]:
     return seen
 
 
-async def _late(rank: int, out: Path, deadline: float) -> dict[str, Any]:
+async def _late(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
     seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
     if rank == 1:
-        await anyio.sleep(deadline + 1.0)  # alive, but not calling within rank 0's deadline
+        await anyio.sleep(deadline + 3.0)  # alive, but not calling within rank 0's deadline
     started = time.monotonic()
     seen["late_call"] = list(await ranks.agree_min((10 + rank, 3)))
     seen["elapsed"] = time.monotonic() - started
-    # The next call pairs again: rank 0 waits for rank 1's value of the same call.
+    # The next call pairs again: rank 0 starts it once rank 1 is past the late one.
+    if rank == 1:
+        (out / "late_done").write_text("")
+    else:
+        stop = time.monotonic() + 60
+        while not (out / "late_done").exists() and time.monotonic() < stop:
+            await anyio.sleep(0.05)
     seen["next_call"] = list(await ranks.agree_min((20 + rank, 4 - rank)))
     seen["statistics"] = attrs.asdict(ranks.statistics())
     return seen
 
 
-async def _store_dead(rank: int, out: Path, deadline: float) -> dict[str, Any]:
+async def _store_dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
     seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
     if rank == 0:
         os.kill(os.getpid(), signal.SIGKILL)
-    await anyio.sleep(0.5)  # rank 0 is gone, and the store it hosted with it
+    # Wait until rank 0 is gone, and the store it hosted with it (its port refuses).
+    stop = time.monotonic() + 60
+    while time.monotonic() < stop:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            break
+        await anyio.sleep(0.05)
     started = time.monotonic()
     seen["after"] = list(await ranks.agree_min((9,)))
     seen["elapsed"] = time.monotonic() - started
@@ -137,7 +151,7 @@ def run_rank(rank: int, world: int, port: int, scenario: str, out: str, deadline
         timeout=datetime.timedelta(seconds=60),
     )
     folder = Path(out)
-    seen = anyio.run(SCENARIOS[scenario], rank, folder, deadline)
+    seen = anyio.run(SCENARIOS[scenario], rank, folder, deadline, port)
     (folder / f"{rank}.json").write_text(json.dumps(seen))
     if rank == 0 and scenario != "dead":
         # The store lives here: stay until the other rank is done with it.
