@@ -35,9 +35,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(scenario: str, tmp_path: Path) -> tuple[list[dict[str, Any] | None], list[int]]:
+def run_ranks(
+    scenario: str, tmp_path: Path, *, stopped: int | None = None
+) -> tuple[list[dict[str, Any] | None], list[int]]:
     """Start 2 rank processes on a fresh port; their JSON results (None: no result) and exit
-    codes (-9: SIGKILLed)."""
+    codes (-9: SIGKILLed). Rank ``stopped`` stops itself: it is killed once the other is done."""
     ctx = multiprocessing.get_context("spawn")
     port = _free_port()
     procs = [
@@ -49,8 +51,9 @@ def run_ranks(scenario: str, tmp_path: Path) -> tuple[list[dict[str, Any] | None
     ]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(180)
+    for rank, p in enumerate(procs):
+        if rank != stopped:
+            p.join(180)
     codes = []
     for p in procs:
         if p.is_alive():  # pragma: no cover - a hang is the failure this guards
@@ -126,6 +129,18 @@ def test_the_store_hosts_death_makes_the_other_rank_miss_at_once(tmp_path: Path)
     assert r1["elapsed"] <= DEADLINE + SLACK
     assert r1["statistics"]["missed"] == 1
     assert "store failed" in r1["statistics"]["last_error"]
+
+
+def test_a_hung_store_host_makes_the_other_rank_miss_at_its_guard(tmp_path: Path) -> None:
+    (r0, r1), codes = run_ranks("store_hung", tmp_path, stopped=0)
+    assert codes[0] == -9
+    assert r0 is None
+    assert codes[1] == 0
+    assert r1 is not None
+    assert r1["after"] == [0]
+    assert DEADLINE + tp_ranks.GRACE - 0.2 <= r1["elapsed"] <= DEADLINE + tp_ranks.GRACE + SLACK
+    assert r1["statistics"]["missed"] == 1
+    assert "did not answer" in r1["statistics"]["last_error"]
 
 
 # ---- in this process: one rank, and bad arguments -----------------------------------------

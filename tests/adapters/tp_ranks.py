@@ -5,7 +5,8 @@
 - Scenarios: "agree" (a cache per rank holding different pages: match and prefetch agree on
   the minimum), "dead" (rank 1 SIGKILLs itself; rank 0's match misses within the deadline),
   "late" (rank 1 calls after rank 0's deadline: both miss, then both agree again), "store_dead"
-  (rank 0, the store's host, SIGKILLs itself; rank 1 misses at once).
+  (rank 0, the store's host, SIGKILLs itself; rank 1 misses at once), "store_hung" (rank 0
+  SIGSTOPs itself: rank 1's store calls hang, its guard gives up at deadline + grace).
 """
 
 from __future__ import annotations
@@ -139,7 +140,27 @@ async def _store_dead(rank: int, out: Path, deadline: float, port: int) -> dict[
     return seen
 
 
-SCENARIOS = {"agree": _agree, "dead": _dead, "late": _late, "store_dead": _store_dead}
+async def _store_hung(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline, grace_s=GRACE)
+    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the store's host stops answering (the test kills it)
+    await anyio.sleep(0.3)
+    started = time.monotonic()
+    seen["after"] = list(await ranks.agree_min((9,)))
+    seen["elapsed"] = time.monotonic() - started
+    seen["statistics"] = attrs.asdict(ranks.statistics())
+    return seen
+
+
+GRACE = 0.5
+SCENARIOS = {
+    "agree": _agree,
+    "dead": _dead,
+    "late": _late,
+    "store_dead": _store_dead,
+    "store_hung": _store_hung,
+}
 
 
 def run_rank(rank: int, world: int, port: int, scenario: str, out: str, deadline: float) -> None:
@@ -153,7 +174,7 @@ def run_rank(rank: int, world: int, port: int, scenario: str, out: str, deadline
     folder = Path(out)
     seen = anyio.run(SCENARIOS[scenario], rank, folder, deadline, port)
     (folder / f"{rank}.json").write_text(json.dumps(seen))
-    if rank == 0 and scenario != "dead":
+    if rank == 0 and scenario not in ("dead", "store_hung"):
         # The store lives here: stay until the other rank is done with it.
         stop = time.monotonic() + 120
         while not (folder / "1.json").exists() and time.monotonic() < stop:

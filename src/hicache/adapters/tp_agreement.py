@@ -57,11 +57,15 @@ _OK = "ok:"
 @attrs.frozen
 class AgreementStatistics:
     """One rank's agreements: ``calls``; ``agreed`` (every rank in time); ``missed`` (a rank
-    late or dead, or the store unreachable: zeros returned); ``last_error`` (why the last miss)."""
+    late or dead, or the store unreachable: zeros returned); ``diverged`` (calls this rank gave
+    up on at its guard, ``deadline_s + grace_s``, that the store later answered with agreed
+    values: the other ranks hit where this one missed; logged as an error); ``last_error`` (why
+    the last miss)."""
 
     calls: int
     agreed: int
     missed: int
+    diverged: int
     last_error: str | None
 
 
@@ -84,7 +88,7 @@ class TorchRankAgreement:
         deadline_s: float = 1.0,
         store: Store | None = None,
         name: str = "hicache",
-        grace_s: float = 0.5,
+        grace_s: float = 5.0,
     ) -> None:
         if group is None:
             raise ConfigError(
@@ -132,8 +136,12 @@ class TorchRankAgreement:
         self._prefix = f"{base}/{generation}"
         self._next_call = 0
         self._lock = threading.Lock()  # statistics: updated by exchange threads
-        self._calls = self._agreed = self._missed = 0
+        self._calls = self._agreed = self._missed = self._diverged = 0
         self._last_error: str | None = None
+        # Where a call's thread leaves its outcome, and the calls the guard gave up on (a hung
+        # store): whichever of the thread and the guard takes the lock first decides.
+        self._outcomes: dict[int, tuple[int, ...] | None] = {}
+        self._abandoned: set[int] = set()
 
     # ---- the port ----------------------------------------------------------------------------
     async def agree_min(self, values: Sequence[int]) -> tuple[int, ...]:
@@ -148,14 +156,18 @@ class TorchRankAgreement:
         call = self._next_call  # taken before any await: the call order is the caller's
         self._next_call += 1
         started = time.monotonic()
-        outcome: tuple[int, ...] | None = None
-        with anyio.move_on_after(self.deadline_s + self.grace_s) as scope:
+        with anyio.move_on_after(self.deadline_s + self.grace_s):
             # Abandoned at the guard (a hung store): the thread ends on its own, its call's
             # keys are the only thing it touches.
-            outcome = await anyio.to_thread.run_sync(
-                self._exchange, call, mine, started, abandon_on_cancel=True
+            await anyio.to_thread.run_sync(
+                self._run, call, mine, started, abandon_on_cancel=True
             )
-        if scope.cancelled_caught:
+        with self._lock:
+            finished = call in self._outcomes
+            outcome = self._outcomes.pop(call, None)
+            if not finished:
+                self._abandoned.add(call)
+        if not finished:
             self._missed_because(call, "the store did not answer within deadline_s + grace_s")
         return outcome if outcome is not None else (0,) * len(mine)
 
@@ -165,18 +177,40 @@ class TorchRankAgreement:
                 calls=self._calls,
                 agreed=self._agreed,
                 missed=self._missed,
+                diverged=self._diverged,
                 last_error=self._last_error,
             )
 
     # ---- the exchange (a worker thread) ------------------------------------------------------
+    def _run(self, call: int, values: tuple[int, ...], started: float) -> None:
+        with self._lock:
+            self._calls += 1
+        got = self._exchange(call, values, started)
+        with self._lock:
+            late = call in self._abandoned
+            self._abandoned.discard(call)
+            if not late:
+                self._outcomes[call] = got if isinstance(got, tuple) else None
+                self._agreed += isinstance(got, tuple)
+            elif isinstance(got, tuple):
+                self._diverged += 1
+        if late and isinstance(got, tuple):
+            # This rank returned a miss at its guard, the others the agreed values.
+            log.error(
+                "tp agreement %d of rank %d: the store answered %s after this rank gave up "
+                "(deadline_s + grace_s): the ranks disagreed on this call",
+                call, self.rank, got,
+            )
+        elif not late and isinstance(got, str):
+            self._missed_because(call, got)
+
     def _exchange(
         self, call: int, values: tuple[int, ...], started: float
-    ) -> tuple[int, ...] | None:
+    ) -> tuple[int, ...] | str:
+        """The agreed values, or why this call misses."""
         store = self._store
         key = f"{self._prefix}/{call}"
         outcome_key = f"{key}/outcome"
-        with self._lock:
-            self._calls += 1
         try:
             store.set(f"{key}/{self.rank}", _encode(values))
             if store.check([outcome_key]):  # a late rank: the others decided already
@@ -184,22 +218,17 @@ class TorchRankAgreement:
             else:
                 outcome = store.compare_set(outcome_key, "", self._proposal(key, started))
         except (RuntimeError, OSError, ValueError) as e:  # torch's DistError is a RuntimeError
-            self._missed_because(call, f"store failed: {e}".splitlines()[0])
-            return None
+            return f"store failed: {e}".splitlines()[0]
         try:
             self._forget(call)
         except (RuntimeError, OSError) as e:  # the outcome stands; old keys stay a while
             log.warning("tp agreement %d of rank %d: old keys not deleted: %s", call, self.rank, e)
-        if outcome.startswith(_OK.encode()):
-            agreed = _decode(outcome[len(_OK) :])
-            if len(agreed) == len(values):
-                with self._lock:
-                    self._agreed += 1
-                return agreed
-            self._missed_because(call, f"ranks gave {len(agreed)} values, this rank {len(values)}")
-            return None
-        self._missed_because(call, "a rank's values did not come within the deadline")
-        return None
+        if not outcome.startswith(_OK.encode()):
+            return "a rank's values did not come within the deadline"
+        agreed = _decode(outcome[len(_OK) :])
+        if len(agreed) != len(values):
+            return f"ranks gave {len(agreed)} values, this rank {len(values)}"
+        return agreed
 
     def _proposal(self, key: str, started: float) -> str:
         store = self._store

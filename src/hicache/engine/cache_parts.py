@@ -1,11 +1,11 @@
 """What the cache face's helpers read of the face: its parts, not the face itself.
 
-- CacheParts: a MatchOwner with the rules, settings, index, engine, storage tiers, background work, counters, TP
-  agreement, hit rules and loads in flight of one HiCache. ``find_hit`` (cache_hit),
-  ``load_match`` (cache_load) and ``prefetch`` (cache_prefetch) take a CacheParts; HiCache is
-  one (structurally), and the helpers never import hicache.engine.cache, so the face's
-  modules import one another in one direction only (tests/test_layering.py checks that no
-  module of hicache imports itself through others).
+- CacheParts: a MatchOwner with the rules, settings, index, engine, storage tiers,
+  background work, counters, TP agreement, hit rules and loads in flight of one HiCache.
+  ``find_hit`` (cache_hit), ``load_match`` (cache_load) and ``prefetch`` (cache_prefetch) take
+  a CacheParts; HiCache is one (structurally), and the helpers never import
+  hicache.engine.cache, so the face's modules import one another in one direction only
+  (tests/test_layering.py checks that no module of hicache imports itself through others).
 """
 
 from __future__ import annotations
