@@ -5,7 +5,8 @@
 - AttentionSpec / MLASpec / IndexerSpec: attention-like geometry (before TP).
 - Mamba2Spec / GatedDeltaNetSpec / KimiDeltaSpec / ShortConvSpec: recurrent state (before TP).
 - ModelSpec: layer kinds, which layers hold an indexer or state, the specs above;
-  ModelSpec.from_hf_config(d) reads a config dict (see readers.py).
+  ModelSpec.from_hf_config(d) reads a config dict with the reader readers.py installs
+  (install_hf_reader: readers imports this module, never the other way round).
 - ModelSpec.rank_geometries(tp, ...): per-rank pool geometries for a tensor-parallel size.
 - split_heads / split_strict / mamba_groups_per_rank: how heads and groups spread over TP ranks.
 - layer_subset: the layer ids a per-layer 0/1 config list marks.
@@ -21,7 +22,7 @@ uses is a ConfigError.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -445,10 +446,28 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelSpec:
-        """Read a HuggingFace config.json dict; raises UnsupportedModelError for unknown types."""
-        from hicache.domain.readers import read_hf_config
+        """Read a HuggingFace config.json dict; raises UnsupportedModelError for unknown types
+        (hicache.domain.readers.read_hf_config, installed below)."""
+        reader = _HF_READER.get("read")
+        if reader is None:  # only while hicache.domain's own __init__ is still importing
+            raise ConfigError(
+                "ModelSpec.from_hf_config: no HuggingFace reader installed; "
+                "import hicache.domain (it installs hicache.domain.readers)"
+            )
+        return reader(config)
 
-        return read_hf_config(config)
+
+# The reader behind ModelSpec.from_hf_config. hicache.domain.readers builds ModelSpecs, so it
+# imports this module and this module does not import it (no import circle): readers installs
+# read_hf_config here when it is imported, and hicache.domain's __init__ imports readers. Python
+# runs a package's __init__ before any of its modules, so the reader is in place before a caller
+# of ``import hicache.domain.models`` gets the module.
+_HF_READER: dict[str, Callable[[Mapping[str, Any]], ModelSpec]] = {}
+
+
+def install_hf_reader(reader: Callable[[Mapping[str, Any]], ModelSpec]) -> None:
+    """Make ``reader`` the one ModelSpec.from_hf_config calls (hicache.domain.readers does)."""
+    _HF_READER["read"] = reader
 
 
 def layer_subset(flags: Sequence[object], n: int, what: str) -> tuple[int, ...]:

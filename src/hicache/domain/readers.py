@@ -30,6 +30,7 @@ from hicache.domain.models import (
     MLASpec,
     ModelSpec,
     ShortConvSpec,
+    install_hf_reader,
     layer_subset,
 )
 from hicache.domain.reader_fields import (
@@ -477,3 +478,6 @@ def read_hf_config(config: Mapping[str, Any]) -> ModelSpec:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{model_type} config has a malformed value: {e}") from None
+
+
+install_hf_reader(read_hf_config)

@@ -39,10 +39,12 @@ from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Tier
 from hicache.engine._ops import wait_until
-from hicache.engine.cache_hit import HitRules, find_hit
+from hicache.engine.cache_hit import find_hit
 from hicache.engine.cache_insert import insert_placements
 from hicache.engine.cache_load import load_match, load_pools
 from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
+from hicache.engine.cache_prefetch import prefetch
+from hicache.engine.cache_rules import HitRules
 from hicache.engine.cache_storage import CacheStorage
 from hicache.engine.cache_values import (
     CacheSettings,
@@ -285,8 +287,6 @@ class HiCache:
         self, target: CacheMatch | Sequence[int], *, deadline: float | None = None
     ) -> PrefetchResult:
         """Bring the stored part of a hit to host (see docs/cache-face.md, "Prefetch")."""
-        from hicache.engine.cache_prefetch import prefetch
-
         self._check_open("prefetch")
         return await prefetch(self, target, deadline=deadline)
 

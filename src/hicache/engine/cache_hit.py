@@ -1,8 +1,6 @@
 """Finding the hit of ``HiCache.match``: read, cut to a restorable boundary, agreed, pinned.
 
-- HitRules(rules): the face's view of a group's GroupRules for hits: the slot-owning pool of
-  every pool, ``boundary(n, at, fallback)`` (the longest prefix every pool can restore from
-  those placements) and ``needed(boundary)`` (the owner pools page i must restore).
+- HitRules: see hicache.engine.cache_rules (re-exported here).
 - agree_hit(cache, keys, stored, d, h, dev_at, host_at): the storage hint, then the
   (device, host, storage) boundaries agreed over the TP ranks (minimum), cut again until every
   rank stops at one it can restore.
@@ -14,66 +12,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
-from hicache.domain.hybrid import GroupRules, Restore, needed_pages, usable_boundary
 from hicache.domain.keys import chain_keys
-from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_load import completes, partial
 from hicache.engine.cache_match import CacheMatch, MatchPins
+from hicache.engine.cache_parts import CacheParts
+from hicache.engine.cache_rules import HitRules
 from hicache.engine.cache_storage import storage_boundary
 from hicache.engine.cache_work import Counters
 
-if TYPE_CHECKING:
-    from hicache.engine.cache import HiCache
-
-
-class HitRules:
-    """Boundaries and needed pools of hits under one group's GroupRules."""
-
-    def __init__(self, rules: GroupRules) -> None:
-        self.rules = rules
-        self.owner = {r.pool: (rules.anchor if r.follows_anchor else r.pool) for r in rules.rules}
-        self.single_owner = len(rules.owners) == 1
-
-    def boundary(
-        self,
-        n: int,
-        at: Sequence[Placement | None],
-        fallback: Sequence[Placement | None] | None,
-    ) -> int:
-        """The longest prefix of ``n`` pages every pool restores from ``at`` (else
-        ``fallback``)."""
-        owner = self.owner
-
-        def has(pool: PoolName, i: int) -> bool:
-            where = at[i]
-            if where is not None and owner[pool] in where:
-                return True
-            if fallback is None:
-                return False
-            other = fallback[i]
-            return other is not None and owner[pool] in other
-
-        return usable_boundary(self.rules, n, has)
-
-    def needed(self, boundary: int) -> list[frozenset[PoolName]]:
-        """The slot-owning pools page i must restore for a hit of ``boundary`` pages."""
-        rules = self.rules
-        base = frozenset(
-            self.owner[r.pool] for r in rules.rules if r.restore is Restore.ALL_PAGES
-        )
-        out = [base] * boundary
-        for r in rules.rules:
-            if r.restore is not Restore.ALL_PAGES:
-                for i in needed_pages(rules, r.pool, boundary):
-                    out[i] = out[i] | {self.owner[r.pool]}
-        return out
-
 
 async def agree_hit(
-    cache: HiCache,
+    cache: CacheParts,
     keys: Sequence[bytes],
     stored: int,
     d: int,
@@ -103,7 +54,7 @@ async def agree_hit(
 
 
 async def find_hit(
-    cache: HiCache, token_ids: Sequence[int], on_drop: Callable[[MatchPins], None]
+    cache: CacheParts, token_ids: Sequence[int], on_drop: Callable[[MatchPins], None]
 ) -> CacheMatch:
     """The agreed, pinned hit of ``token_ids`` (see CacheMatch); ``on_drop``: the face's
     finalizer queue for a match dropped unreleased."""

@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -34,15 +34,13 @@ from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_insert import pool_name
 from hicache.engine.cache_match import CacheLoad, CacheMatch
+from hicache.engine.cache_parts import CacheParts
 from hicache.engine.cache_work import pool_counts, split_ids
 from hicache.engine.handles import LoadHandle
 
-if TYPE_CHECKING:
-    from hicache.engine.cache import HiCache
-
 
 async def load_match(
-    cache: HiCache,
+    cache: CacheParts,
     match: CacheMatch,
     device_pages: Mapping[PoolName, Sequence[int]] | None,
     *,
@@ -122,13 +120,13 @@ async def load_match(
     return load
 
 
-def arriving(cache: HiCache, key: bytes, pools: frozenset[PoolName]) -> bool:
+def arriving(cache: CacheParts, key: bytes, pools: frozenset[PoolName]) -> bool:
     """Whether a load is bringing ``key`` to the device or it is there with ``pools``."""
     where = cache.index.placement(Tier.DEVICE, key)
     return key in cache.loading or (where is not None and pools <= where.keys())
 
 
-async def join_loads(cache: HiCache, match: CacheMatch) -> None:
+async def join_loads(cache: CacheParts, match: CacheMatch) -> None:
     """Pages of ``match`` that another load is bringing to the device: wait for that load; then
     take every page now on the device from there instead of loading it twice (pins move with
     them), including pages a load finished while the match awaited its agreement."""
@@ -172,7 +170,7 @@ def partial(device: Placement | None, needed: frozenset[PoolName]) -> bool:
     return device is None or not needed <= device.keys()
 
 
-def load_pools(cache: HiCache, match: CacheMatch) -> list[frozenset[PoolName]]:
+def load_pools(cache: CacheParts, match: CacheMatch) -> list[frozenset[PoolName]]:
     """Per page of ``match``, the pools its load copies (see the module docstring)."""
     out: list[frozenset[PoolName]] = []
     for key, src, needed in zip(match.keys, match.sources, match.needed, strict=False):
@@ -185,7 +183,7 @@ def load_pools(cache: HiCache, match: CacheMatch) -> list[frozenset[PoolName]]:
 
 
 async def settle_load(
-    cache: HiCache, load: CacheLoad, handle: LoadHandle, ticket: Any, allocated: bool
+    cache: CacheParts, load: CacheLoad, handle: LoadHandle, ticket: Any, allocated: bool
 ) -> None:
     error: BaseException | None = None
     try:

@@ -9,6 +9,8 @@
   ``wait()`` returns once the pages are registered on the device tier (or raises
   TransferError, after the slots and pins are back); ``cancel()``.
 - MatchPins: the pins a match holds (keys per tier), shared with the face's finalizer queue.
+- MatchOwner: what a CacheMatch asks of the face that made it (its load pools, device
+  placements, the release of its pins).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import contextlib
 import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 import attrs
@@ -29,8 +31,15 @@ from hicache.engine.cache_work import pool_counts
 from hicache.engine.handles import LoadHandle
 from hicache.engine.stats import OperationState
 
-if TYPE_CHECKING:
-    from hicache.engine.cache import HiCache
+
+class MatchOwner(Protocol):
+    """What a CacheMatch asks of the face that made it."""
+
+    def load_pools(self, match: CacheMatch) -> list[frozenset[PoolName]]: ...
+
+    def device_placements(self, match: CacheMatch) -> list[dict[PoolName, int]]: ...
+
+    def release_pins(self, pins: MatchPins) -> None: ...
 
 
 @attrs.define
@@ -56,7 +65,7 @@ class CacheMatch:
 
     def __init__(
         self,
-        cache: HiCache,
+        cache: MatchOwner,
         *,
         keys: Sequence[bytes],
         tokens: int,

@@ -8,6 +8,8 @@
   storage entries (the store did not have them, or could not give them now). Stops at the first
   page that was not read. Cancellation at any await: the ticket is aborted and the host pages
   come back (shielded).
+- TP ranks: the end of the read (the storage hint) and the host hit reported are agreed
+  (minimum, ``cache.ranks``): two agreements per call on every path, skips included.
 - reads(cache, keys, start, end): per page to read, its index and the pools to read: every pool
   the hit needs for a page not on host; for a page on host, only the pools its copy lacks (a
   fill: a state checkpoint or window page evicted from host); nothing for a page whose host copy
@@ -23,7 +25,6 @@ failed fill frees only the pages it allocated and drops only those pools' storag
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -33,15 +34,13 @@ from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_match import CacheMatch
+from hicache.engine.cache_parts import CacheParts
 from hicache.engine.cache_storage import storage_boundary
 from hicache.engine.cache_values import PrefetchResult
 from hicache.engine.cache_work import pool_counts, split_ids
 
-if TYPE_CHECKING:
-    from hicache.engine.cache import HiCache
 
-
-def _wants(cache: HiCache, start: int, end: int) -> list[list[PoolName]]:
+def _wants(cache: CacheParts, start: int, end: int) -> list[list[PoolName]]:
     sets: list[set[PoolName]] = [set() for _ in range(end - start)]
     for r in cache.rules.rules:
         owner = cache.rules.anchor if r.follows_anchor else r.pool
@@ -52,7 +51,7 @@ def _wants(cache: HiCache, start: int, end: int) -> list[list[PoolName]]:
 
 
 def reads(
-    cache: HiCache, keys: Sequence[bytes], start: int, end: int
+    cache: CacheParts, keys: Sequence[bytes], start: int, end: int
 ) -> list[tuple[int, list[PoolName]]]:
     """The pages of ``keys[start:end]`` to read and the pools to read for each (module doc)."""
     out: list[tuple[int, list[PoolName]]] = []
@@ -65,7 +64,7 @@ def reads(
 
 
 async def prefetch(
-    cache: HiCache, target: CacheMatch | Sequence[int], *, deadline: float | None = None
+    cache: CacheParts, target: CacheMatch | Sequence[int], *, deadline: float | None = None
 ) -> PrefetchResult:
     ps = cache.page_size
     storage = cache.storage
@@ -77,16 +76,20 @@ async def prefetch(
         hint = -1
     m = cache.index.match(keys, touch=False)
     start = m.host_pages
-    if storage is None:
-        return PrefetchResult(requested=0, read=0, host_pages=start, page_size=ps,
-                              skipped="no storage tier")
-    if hint < 0:
+    if storage is not None and hint < 0:
         hint = await storage_boundary(cache, keys, max(start, m.storage_pages))
-    end = min(hint, len(keys))
+    # TP ranks: every rank reads up to the same page, and reports the same host hit (the
+    # second agreement, in _agreed_host). Two agreements on every path, so that the ranks'
+    # calls stay paired whatever each rank skips.
+    (end,) = await cache.ranks.agree_min((min(max(hint, start), len(keys)),))
+    if storage is None:
+        return PrefetchResult(requested=0, read=0, host_pages=await _agreed_host(cache, keys),
+                              page_size=ps, skipped="no storage tier")
     todo = reads(cache, keys, start, end)
     requested = len(todo)
     if requested < cache.settings.prefetch_min_pages:
-        return PrefetchResult(requested=requested, read=0, host_pages=start, page_size=ps,
+        return PrefetchResult(requested=requested, read=0,
+                              host_pages=await _agreed_host(cache, keys), page_size=ps,
                               skipped="fewer pages than prefetch_min_pages")
     if deadline is None:
         deadline = storage.deadline_for(requested * ps)
@@ -99,12 +102,18 @@ async def prefetch(
         read += n
         if n < len(part):
             break
-    host = cache.index.match(keys, touch=False).host_pages
-    return PrefetchResult(requested=requested, read=read, host_pages=host, page_size=ps)
+    return PrefetchResult(requested=requested, read=read,
+                          host_pages=await _agreed_host(cache, keys), page_size=ps)
+
+
+async def _agreed_host(cache: CacheParts, keys: Sequence[bytes]) -> int:
+    """The host hit of ``keys`` after a prefetch, agreed over the TP ranks (minimum)."""
+    (host,) = await cache.ranks.agree_min((cache.index.match(keys, touch=False).host_pages,))
+    return host
 
 
 async def _batch(
-    cache: HiCache, keys: Sequence[bytes], wants: Sequence[Sequence[PoolName]],
+    cache: CacheParts, keys: Sequence[bytes], wants: Sequence[Sequence[PoolName]],
     deadline: float | None,
 ) -> int:
     """One batch: the number of leading pages read."""
@@ -154,7 +163,7 @@ async def _batch(
     return run
 
 
-def _forget(cache: HiCache, failed: Sequence[tuple[bytes, Placement]]) -> None:
+def _forget(cache: CacheParts, failed: Sequence[tuple[bytes, Placement]]) -> None:
     """Drop the storage entries of pages not read: a whole page's, or a fill's pools only."""
     anchor = cache.rules.anchor
     whole = [k for k, d in failed if anchor in d]

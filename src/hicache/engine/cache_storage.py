@@ -7,7 +7,8 @@
   pages that keep one; a window pool's tier its pages. ``read`` / ``write`` take the pages'
   host placements and call each tier with the pages that have its pool; a page is read (or
   written) only when every one of its pools was. ``exists`` is the anchor's leading run.
-- storage_boundary(cache, keys, host_pages): the hybrid-consistent storage hint beyond a host
+- storage_boundary(cache, keys, host_pages): (``cache``: BoundaryParts, what it reads of the
+  face) the hybrid-consistent storage hint beyond a host
   hit: the anchor's leading run in the store, cut to a boundary whose state checkpoint and
   window pages the store also holds.
 
@@ -18,16 +19,14 @@ Breakers: each tier has its own (one per owner pool on the same store); ``statis
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from hicache.domain.errors import ConfigError
-from hicache.domain.hybrid import Restore
+from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement
+from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierStatistics
-
-if TYPE_CHECKING:
-    from hicache.engine.cache import HiCache
 
 
 class TierPort(Protocol):
@@ -124,7 +123,20 @@ class CacheStorage:
         return ok
 
 
-async def storage_boundary(cache: HiCache, keys: Sequence[bytes], start: int) -> int:
+class BoundaryParts(Protocol):
+    """What ``storage_boundary`` reads of the face."""
+
+    @property
+    def storage(self) -> CacheStorage | None: ...
+
+    @property
+    def rules(self) -> GroupRules: ...
+
+    @property
+    def settings(self) -> CacheSettings: ...
+
+
+async def storage_boundary(cache: BoundaryParts, keys: Sequence[bytes], start: int) -> int:
     """The storage hint beyond ``start`` pages (see the module docstring)."""
     storage = cache.storage
     if storage is None or start >= len(keys):

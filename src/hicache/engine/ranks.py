@@ -5,11 +5,12 @@
   (one all-reduce with MIN for the whole tuple). Every rank must call it the same number of
   times, in the same order, with tuples of the same length.
 - SingleProcess: the default for one rank: the values as given.
+- One process per rank: hicache.adapters.tp_agreement.TorchRankAgreement (torch.distributed,
+  a store exchange with a deadline: a dead or late rank makes every rank miss, never hang).
 
-Why async and in the engine layer: an all-reduce is a blocking collective; the framework's
-implementation runs it off the event loop (``anyio.to_thread.run_sync`` around
-``torch.distributed.all_reduce(t, op=ReduceOp.MIN, group=...)``) and the face awaits it, so the
-port is an async Protocol here rather than a synchronous domain port. SGLang does the same
+Why async and in the engine layer: an agreement across processes blocks; an implementation runs
+it off the event loop (``anyio.to_thread.run_sync``) and the face awaits it, so the port is an
+async Protocol here rather than a synchronous domain port. SGLang does the same
 reduction where ranks may disagree on a hit: the storage hit count of a prefetch
 (python/sglang/srt/managers/cache_controller.py, ``prefetch_thread_func``: ``all_reduce(...,
 op=ReduceOp.MIN, group=self.prefetch_tp_group)``) and the number of finished write-throughs

@@ -1,0 +1,214 @@
+"""TP agreement over torch.distributed (gloo, 2 real processes on 127.0.0.1): every rank agrees
+on the same hit for match and prefetch; a rank that dies or comes late makes the others miss
+within the deadline, and the ranks then agree again; bad arguments are typed errors.
+
+The rank processes are in tests/adapters/tp_ranks.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import multiprocessing
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch.distributed as dist
+
+from hicache.adapters.tp_agreement import TorchRankAgreement
+from hicache.domain.errors import ConfigError
+from hicache.engine.ranks import RankAgreement
+from tests.adapters import tp_ranks
+
+DEADLINE = 2.0  # seconds; generous: the test machine is shared
+SLACK = 1.5  # what a contended machine may add past the deadline (a thread hop, a round trip)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ranks(
+    scenario: str, tmp_path: Path, *, stopped: int | None = None
+) -> tuple[list[dict[str, Any] | None], list[int]]:
+    """Start 2 rank processes on a fresh port; their JSON results (None: no result) and exit
+    codes (-9: SIGKILLed). Rank ``stopped`` stops itself: it is killed once the other is done."""
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    procs = [
+        ctx.Process(
+            target=tp_ranks.run_rank,
+            args=(rank, 2, port, scenario, str(tmp_path), DEADLINE),
+        )
+        for rank in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for rank, p in enumerate(procs):
+        if rank != stopped:
+            p.join(180)
+    codes = []
+    for p in procs:
+        if p.is_alive():  # pragma: no cover - a hang is the failure this guards
+            p.kill()
+            p.join()
+        codes.append(p.exitcode if p.exitcode is not None else -999)
+    results = []
+    for rank in range(2):
+        f = tmp_path / f"{rank}.json"
+        results.append(json.loads(f.read_text()) if f.exists() else None)
+    return results, codes
+
+
+def test_ranks_holding_different_pages_agree_on_the_minimum_for_match_and_prefetch(
+    tmp_path: Path,
+) -> None:
+    (r0, r1), codes = run_ranks("agree", tmp_path)
+    assert codes == [0, 0]
+    assert r0 is not None
+    assert r1 is not None
+    # What each rank holds on its own (device, host, storage pages of the 4-page prompt).
+    assert r0["local"] == [4, 4, 4]
+    assert r1["local"] == [2, 2, 2]
+    for r in (r0, r1):
+        assert r["match"] == [2, 2, 2]
+        assert r["match_after_device_eviction"] == [0, 2, 2]  # rank 0 kept it on host only
+        assert r["match_storage_only"] == [0, 0, 2]
+        assert r["prefetch"] == [2, 2, 2]  # both read up to the agreed hint, report it
+        assert r["match_after_prefetch"] == [0, 2, 2]
+        assert r["restored_pages"] == 2  # the loaded pages are the bytes each rank computed
+        assert r["negative_values"] == "ConfigError"
+        stats = r["statistics"]
+        assert stats["missed"] == 0
+        assert stats["agreed"] == stats["calls"] == 6  # 4 matches (one each), 2 per prefetch
+
+
+def test_a_killed_rank_makes_the_other_miss_within_the_deadline(tmp_path: Path) -> None:
+    (r0, r1), codes = run_ranks("dead", tmp_path)
+    assert codes[1] == -9
+    assert r1 is None
+    assert codes[0] == 0
+    assert r0 is not None
+    assert r0["first"] == [5, 6]
+    assert r0["match"] == [0, 0, 0]  # rank 0 holds 4 pages: a miss, not its own hit
+    assert DEADLINE * 0.9 <= r0["elapsed"] <= DEADLINE + SLACK
+    assert r0["statistics"]["missed"] == 1
+
+
+def test_a_late_rank_gets_the_same_miss_and_the_next_call_agrees_again(tmp_path: Path) -> None:
+    (r0, r1), codes = run_ranks("late", tmp_path)
+    assert codes == [0, 0]
+    assert r0 is not None
+    assert r1 is not None
+    assert r0["first"] == r1["first"] == [5]
+    # Rank 0 gave up at its deadline; rank 1 came later and finds the recorded miss at once.
+    assert r0["late_call"] == r1["late_call"] == [0, 0]
+    assert DEADLINE * 0.9 <= r0["elapsed"] <= DEADLINE + SLACK
+    assert r1["elapsed"] <= SLACK
+    assert r0["next_call"] == r1["next_call"] == [20, 3]
+    for r in (r0, r1):
+        assert r["statistics"]["missed"] == 1
+        assert r["statistics"]["agreed"] == 2
+
+
+def test_the_store_hosts_death_makes_the_other_rank_miss_at_once(tmp_path: Path) -> None:
+    (r0, r1), codes = run_ranks("store_dead", tmp_path)
+    assert codes[0] == -9
+    assert r0 is None
+    assert codes[1] == 0
+    assert r1 is not None
+    assert r1["first"] == [5]
+    assert r1["after"] == [0]
+    assert r1["elapsed"] <= DEADLINE + SLACK
+    assert r1["statistics"]["missed"] == 1
+    assert "store failed" in r1["statistics"]["last_error"]
+
+
+def test_a_hung_store_host_makes_the_other_rank_miss_at_its_guard(tmp_path: Path) -> None:
+    (r0, r1), codes = run_ranks("store_hung", tmp_path, stopped=0)
+    assert codes[0] == -9
+    assert r0 is None
+    assert codes[1] == 0
+    assert r1 is not None
+    assert r1["after"] == [0]
+    assert DEADLINE + tp_ranks.GRACE - 0.2 <= r1["elapsed"] <= DEADLINE + tp_ranks.GRACE + SLACK
+    assert r1["statistics"]["missed"] == 1
+    assert "did not answer" in r1["statistics"]["last_error"]
+
+
+# ---- in this process: one rank, and bad arguments -----------------------------------------
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    assert not dist.is_initialized()
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_rank_agrees_with_itself_and_is_a_rank_agreement(one_rank: None) -> None:
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=1.0)
+    assert isinstance(ranks, RankAgreement)
+
+    async def calls() -> list[tuple[int, ...]]:
+        return [await ranks.agree_min((3, 1, 2)), await ranks.agree_min(()), await
+                ranks.agree_min([7])]
+
+    assert anyio.run(calls) == [(3, 1, 2), (), (7,)]
+    stats = ranks.statistics()
+    assert (stats.calls, stats.agreed, stats.missed) == (3, 3, 0)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [((1, -1), "-1"), ((1, True), "True"), ((1.5,), "1.5"), ("12", "'12'"), (None, "None")],
+)
+def test_bad_values_are_refused_naming_them(one_rank: None, values: Any, named: str) -> None:
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=1.0)
+    with pytest.raises(ConfigError, match="values") as e:
+        anyio.run(ranks.agree_min, values)
+    assert named in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"group": None}, "group"),
+        ({"deadline_s": math.nan}, "deadline_s"),
+        ({"deadline_s": math.inf}, "deadline_s"),
+        ({"deadline_s": 0}, "deadline_s"),
+        ({"deadline_s": -1.0}, "deadline_s"),
+        ({"deadline_s": True}, "deadline_s"),
+        ({"deadline_s": "1"}, "deadline_s"),
+        ({"grace_s": math.nan}, "grace_s"),
+        ({"name": ""}, "name"),
+        ({"name": "a/b"}, "name"),
+        ({"group": "world"}, "ProcessGroup"),
+        ({"store": "tcp://127.0.0.1:1"}, "store"),
+    ],
+)
+def test_bad_arguments_are_typed_errors_naming_the_argument(
+    one_rank: None, kwargs: dict[str, Any], named: str
+) -> None:
+    args: dict[str, Any] = {"group": dist.group.WORLD, **kwargs}
+    with pytest.raises(ConfigError, match=named):
+        TorchRankAgreement(**args)
+
+
+def test_building_one_before_torch_distributed_is_initialised_says_so() -> None:
+    assert not dist.is_initialized()
+    with pytest.raises(ConfigError, match="init_process_group"):
+        TorchRankAgreement(object(), deadline_s=1.0)  # type: ignore[arg-type]

@@ -1,0 +1,182 @@
+"""The rank processes of tests/adapters/test_tp_agreement.py (started with multiprocessing spawn).
+
+- run_rank(rank, world, port, scenario, out, deadline): joins a gloo group on 127.0.0.1:port
+  (the store lives in rank 0), runs ``scenario`` and writes what it saw to ``out/<rank>.json``.
+- Scenarios: "agree" (a cache per rank holding different pages: match and prefetch agree on
+  the minimum), "dead" (rank 1 SIGKILLs itself; rank 0's match misses within the deadline),
+  "late" (rank 1 calls after rank 0's deadline: both miss, then both agree again), "store_dead"
+  (rank 0, the store's host, SIGKILLs itself; rank 1 misses at once), "store_hung" (rank 0
+  SIGSTOPs itself: rank 1's store calls hang, its guard gives up at deadline + grace).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import torch.distributed as dist
+
+from hicache.adapters.storage import DirectorySettings, DirectoryStore
+from hicache.adapters.tp_agreement import TorchRankAgreement
+from hicache.bootstrap.cache import open_cache
+from hicache.domain.keys import chain_keys
+from hicache.domain.tiers import Tier, WriteSettings
+from tests.engine.cache_helpers import Request, stack_plan
+
+STORE_THROUGH = WriteSettings(host="write_through", storage="write_through")
+
+
+def _hit(m: Any) -> list[int]:
+    return [m.device_pages, m.host_pages, m.storage_pages]
+
+
+async def _agree(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
+    seen: dict[str, Any] = {}
+    plan, base = stack_plan("dense")
+    settings = attrs.evolve(base, writes=STORE_THROUGH)
+    store = DirectoryStore(DirectorySettings(root=str(out / f"store{rank}")))
+    try:
+        async with open_cache(plan, settings=settings, store=store, ranks=ranks) as rt:
+            cache = rt.cache
+            # Rank 0 computed 4 pages of the prompt, rank 1 only its first 2.
+            mine = Request(rt, 4 if rank == 0 else 2)
+            tokens = list(range(1000, 1000 + 4 * cache.page_size + 3))  # the 4-page prompt
+            await mine.insert(cache)
+            await cache.wait_idle()
+            local = cache.index.match(chain_keys(tokens, cache.page_size))
+            seen["local"] = [local.device_pages, local.host_pages, local.storage_pages]
+            async with await cache.match(tokens) as m:
+                seen["match"] = _hit(m)
+            # Rank 0's copy leaves the device: the device tier agrees on 0, host on 2.
+            if rank == 0:
+                await cache.evict(Tier.DEVICE, 100)
+            async with await cache.match(tokens) as m:
+                seen["match_after_device_eviction"] = _hit(m)
+            # Only the store keeps it: rank 0 has 4 pages there, rank 1 has 2.
+            await cache.evict(Tier.DEVICE, 100)
+            await cache.evict(Tier.HOST, 100)
+            async with await cache.match(tokens) as m:
+                seen["match_storage_only"] = _hit(m)
+            got = await cache.prefetch(tokens)
+            seen["prefetch"] = [got.requested, got.read, got.host_pages]
+            async with await cache.match(tokens) as m:
+                seen["match_after_prefetch"] = _hit(m)
+                load = await cache.load(m)
+                await load.wait()
+                seen["restored_pages"] = mine.check_restored(m.placements(), m.host_pages)
+            try:
+                await ranks.agree_min([1, -1])
+            except Exception as e:
+                seen["negative_values"] = type(e).__name__
+    finally:
+        store.close()
+    seen["statistics"] = attrs.asdict(ranks.statistics())
+    return seen
+
+
+async def _dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
+    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank, 7 - rank)))}
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    plan, settings = stack_plan("dense")
+    async with open_cache(plan, settings=settings, ranks=ranks) as rt:
+        req = Request(rt, 4)
+        await req.insert(rt.cache)
+        started = time.monotonic()
+        async with await rt.cache.match(req.tokens) as m:
+            seen["elapsed"] = time.monotonic() - started
+            seen["match"] = _hit(m)
+    seen["statistics"] = attrs.asdict(ranks.statistics())
+    return seen
+
+
+async def _late(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
+    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
+    if rank == 1:
+        await anyio.sleep(deadline + 3.0)  # alive, but not calling within rank 0's deadline
+    started = time.monotonic()
+    seen["late_call"] = list(await ranks.agree_min((10 + rank, 3)))
+    seen["elapsed"] = time.monotonic() - started
+    # The next call pairs again: rank 0 starts it once rank 1 is past the late one.
+    if rank == 1:
+        (out / "late_done").write_text("")
+    else:
+        stop = time.monotonic() + 60
+        while not (out / "late_done").exists() and time.monotonic() < stop:
+            await anyio.sleep(0.05)
+    seen["next_call"] = list(await ranks.agree_min((20 + rank, 4 - rank)))
+    seen["statistics"] = attrs.asdict(ranks.statistics())
+    return seen
+
+
+async def _store_dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
+    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    # Wait until rank 0 is gone, and the store it hosted with it (its port refuses).
+    stop = time.monotonic() + 60
+    while time.monotonic() < stop:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            break
+        await anyio.sleep(0.05)
+    started = time.monotonic()
+    seen["after"] = list(await ranks.agree_min((9,)))
+    seen["elapsed"] = time.monotonic() - started
+    seen["statistics"] = attrs.asdict(ranks.statistics())
+    return seen
+
+
+async def _store_hung(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline, grace_s=GRACE)
+    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the store's host stops answering (the test kills it)
+    await anyio.sleep(0.3)
+    started = time.monotonic()
+    seen["after"] = list(await ranks.agree_min((9,)))
+    seen["elapsed"] = time.monotonic() - started
+    seen["statistics"] = attrs.asdict(ranks.statistics())
+    return seen
+
+
+GRACE = 0.5
+SCENARIOS = {
+    "agree": _agree,
+    "dead": _dead,
+    "late": _late,
+    "store_dead": _store_dead,
+    "store_hung": _store_hung,
+}
+
+
+def run_rank(rank: int, world: int, port: int, scenario: str, out: str, deadline: float) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    folder = Path(out)
+    seen = anyio.run(SCENARIOS[scenario], rank, folder, deadline, port)
+    (folder / f"{rank}.json").write_text(json.dumps(seen))
+    if rank == 0 and scenario not in ("dead", "store_hung"):
+        # The store lives here: stay until the other rank is done with it.
+        stop = time.monotonic() + 120
+        while not (folder / "1.json").exists() and time.monotonic() < stop:
+            time.sleep(0.05)
+    os._exit(0)  # no destroy_process_group: a dead peer must not hold the exit
