@@ -34,7 +34,7 @@ from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_match import CacheMatch
 from hicache.engine.cache_storage import storage_boundary
-from hicache.engine.cache_values import PrefetchResult
+from hicache.engine.cache_values import PrefetchResult, PrefetchSkip
 from hicache.engine.cache_work import pool_counts, split_ids
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ async def prefetch(
     start = m.host_pages
     if storage is None:
         return PrefetchResult(requested=0, read=0, host_pages=start, page_size=ps,
-                              skipped="no storage tier")
+                              skipped=PrefetchSkip.NO_STORAGE)
     if hint < 0:
         hint = await storage_boundary(cache, keys, max(start, m.storage_pages))
     end = min(hint, len(keys))
@@ -87,7 +87,7 @@ async def prefetch(
     requested = len(todo)
     if requested < cache.settings.prefetch_min_pages:
         return PrefetchResult(requested=requested, read=0, host_pages=start, page_size=ps,
-                              skipped="fewer pages than prefetch_min_pages")
+                              skipped=PrefetchSkip.TOO_FEW_PAGES)
     if deadline is None:
         deadline = storage.deadline_for(requested * ps)
     batch = cache.settings.prefetch_batch_pages
