@@ -32,7 +32,7 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from hicache.domain.errors import ConfigError, EngineClosedError
+from hicache.domain.errors import CacheStateError, ConfigError, EngineClosedError
 from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
@@ -40,6 +40,7 @@ from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Tier
 from hicache.engine import cache_args
 from hicache.engine._ops import wait_until
+from hicache.engine._scopes import innermost
 from hicache.engine.cache_hit import HitRules, find_hit
 from hicache.engine.cache_insert import insert_placements
 from hicache.engine.cache_load import load_match, load_pools
@@ -127,27 +128,53 @@ class HiCache:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        try:
+            await self.aclose()
+        finally:
+            tg, self._tg = self._tg, None
+            if tg is not None:
+                # Background work has finished (or was cancelled and settled): this only
+                # leaves the group, here where ``async with`` entered it.
+                await tg.__aexit__(None, None, None)
 
     async def aclose(self) -> None:
         """Let background backups and storage writes finish, then close; idempotent.
 
-        Background work settles its bookkeeping under a shielded scope; a cancelled close
-        cancels it (each task still completes or aborts its index ticket).
+        Callable from any cancel scope: a cancelled close cancels the background tasks (each
+        still completes or aborts its index ticket, shielded), waits for them to settle and
+        re-raises the cancellation to the caller's scope. The face's task group is left here
+        only when this is where ``async with`` entered it (hicache.engine._scopes); otherwise
+        at the ``async with`` exit, so the task's cancel scopes stay in order.
         """
-        tg, self._tg = self._tg, None
-        if self._state == "closed" or tg is None:
+        if self._state in ("new", "closed"):
             self._state = "closed"
+            await self._leave_group()
             await anyio.lowlevel.checkpoint()
+            return
+        if self._state == "closing":
+            with anyio.CancelScope(shield=True):
+                await wait_until(lambda: self._state == "closed")
             return
         self._state = "closing"
         try:
-            await tg.__aexit__(None, None, None)
+            await wait_until(lambda: self.work.busy == 0)
+        except BaseException:
+            self.work.cancel_all()
+            with anyio.CancelScope(shield=True):
+                await wait_until(lambda: self.work.busy == 0)
+            raise
         finally:
             self.work.tg = None
             self._state = "closed"
             self._drain_orphans()
             log.info("cache_closed", **self.statistics().as_json()["index"])  # type: ignore[arg-type]
+            await self._leave_group()  # not under a shield: that scope would be the innermost
+
+    async def _leave_group(self) -> None:
+        tg = self._tg
+        if tg is not None and innermost(tg.cancel_scope):
+            self._tg = None
+            await tg.__aexit__(None, None, None)
 
     def _check_open(self, what: str) -> None:
         if self._state != "open":
@@ -202,7 +229,15 @@ class HiCache:
         self._own_match(match, "load")
         if device_pages is not None:
             cache_args.mapping(device_pages, "load: device_pages")
-        return await load_match(self, match, device_pages, after=after)
+        if match.loading:
+            raise CacheStateError(
+                f"{match!r} is being loaded already: wait for (or cancel) that load"
+            )
+        match._calling = True  # from here: a second load of it is refused, not joined
+        try:
+            return await load_match(self, match, device_pages, after=after)
+        finally:
+            match._calling = False
 
     async def wait_idle(self) -> None:
         """Return once no background work (backups, storage writes, load settling) runs."""
