@@ -149,8 +149,10 @@ async def test_cancellation_at_each_await_leaves_the_cache_consistent(where: str
                         await (await cache.load(m)).wait()
                     await cache.evict(Tier.DEVICE, 100)
                 elif where == "insert":
-                    more = rig.device_slots.allocate({KV: 2}).pages
-                    await cache.insert(_tokens(2, 50), {KV: list(more[KV])})
+                    more = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
+                    await cache.insert(
+                        _tokens(2, 50), {KV: list(more[KV])}, checkpoints={2: {MAMBA: more[MAMBA][0]}}
+                    )
                 else:
                     await cache.evict(Tier.DEVICE, 100)
             await cache.wait_idle()

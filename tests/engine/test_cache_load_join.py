@@ -133,7 +133,8 @@ async def test_a_page_the_device_holds_without_the_pools_the_match_restores_gets
         req = await _on_host_only(rt, 3)
         m = await cache.match(req.tokens)
         ids = rt.runtime.device_slots.allocate({KV: 3}).pages[KV]
-        await cache.insert(req.tokens[: 3 * cache.page_size], {KV: list(ids)})
+        # checkpoints={}: inserted on purpose without a state checkpoint
+        await cache.insert(req.tokens[: 3 * cache.page_size], {KV: list(ids)}, checkpoints={})
         assert cache.index.placement(Tier.DEVICE, m.keys[2]) == {KV: ids[2]}
         load = await cache.load(m)
         await load.wait()
@@ -154,7 +155,8 @@ async def test_a_partial_device_copy_pinned_by_another_match_is_completed_in_pla
         req = await _on_host_only(rt, 3)
         m = await cache.match(req.tokens)
         ids = rt.runtime.device_slots.allocate({KV: 3}).pages[KV]
-        await cache.insert(req.tokens[: 3 * cache.page_size], {KV: list(ids)})
+        # checkpoints={}: inserted on purpose without a state checkpoint
+        await cache.insert(req.tokens[: 3 * cache.page_size], {KV: list(ids)}, checkpoints={})
         cache.index.pin(Tier.DEVICE, [m.keys[2]])  # what another request's match would hold
         assert m.load_counts() == {PoolName.MAMBA: 1}  # only the checkpoint is missing
         load = await cache.load(m)

@@ -152,6 +152,8 @@ async def test_a_transient_get_makes_the_hit_the_leading_run_read() -> None:
         _clean(rig, cache)
         again = await cache.prefetch(tokens)  # the store answers now
         assert (again.read, again.host_pages) == (2, 3)
+        assert got.skipped is None  # they ran: no skip reason
+        assert again.skipped is None
         _clean(rig, cache)
 
 

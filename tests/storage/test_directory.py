@@ -345,7 +345,7 @@ def test_a_configured_root_is_kept_on_close(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "match"),
     [
-        ({"capacity_bytes": 0}, "capacity_bytes must be a positive number, got 0"),
+        ({"capacity_bytes": 0}, r"capacity_bytes must be a whole number of bytes in \[1, .*\], got 0"),
         ({"fsync": "yes"}, "fsync must be true or false, got 'yes'"),
         ({"checksum": "md5"}, "unknown checksum 'md5'"),
         ({"root": ""}, "root must be a non-empty path"),

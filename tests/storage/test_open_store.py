@@ -40,6 +40,10 @@ class NotAStore:
     def __init__(self, config):
         pass
 
+class Exits:
+    def __init__(self, config):
+        raise SystemExit(4)
+
 not_a_class = 3
 """
 
@@ -52,6 +56,8 @@ def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     (pkg / "__init__.py").write_text("")
     (pkg / "stores.py").write_text(textwrap.dedent(PLUGIN))
     (pkg / "other.py").write_text("raise RuntimeError('other was imported')\n")
+    (pkg / "raises.py").write_text("raise RuntimeError('boom at import')\n")
+    (pkg / "exits.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "hc_plugins"
     for name in [m for m in sys.modules if m.startswith("hc_plugins")]:
@@ -120,6 +126,12 @@ def test_the_allocator_still_goes_through_the_one_resolution_point(plugins: str)
         ),
         ({"module_path": "hc_plugins.stores"}, ConfigError, "no 'class_name'"),
         ({"module_path": "../evil", "class_name": "X"}, ConfigError, "'../evil'"),
+        # The plug-in's own code failing at import, or ending the process, is its failure:
+        ({"module_path": "hc_plugins.raises", "class_name": "X"}, ConfigError,
+         "RuntimeError: boom at import"),
+        ({"module_path": "hc_plugins.exits", "class_name": "X"}, ConfigError, "SystemExit: 3"),
+        ({"module_path": "hc_plugins.stores", "class_name": "Exits"}, StoreError, "SystemExit: 4"),
+        ({"module_path": "hc_plugins\x00x", "class_name": "X"}, ConfigError, "module_path"),
         ({"allocator": "shm"}, ConfigError, "names no store"),
     ],
 )

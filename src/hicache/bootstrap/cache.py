@@ -80,11 +80,28 @@ class CacheRuntime:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        try:
+            await self.aclose()
+        finally:
+            # Here, where ``async with`` entered them, the groups are left in any case (not
+            # under a shield: a group is left only from the scope it was entered in).
+            try:
+                await self.cache.__aexit__(None, None, None)
+            finally:
+                await self.runtime.__aexit__(None, None, None)
 
     async def aclose(self) -> None:
-        """Close the cache (background writes finish), the engine, the store, the pools."""
+        """Close the cache (background writes finish), the engine, the store, the pools.
+
+        Callable from any cancel scope and cancellable (the cancellation reaches the caller's
+        scope, nothing else): the cache's and the engine's task groups are left where they were
+        entered, here or at the ``async with`` exit (hicache.engine._scopes).
+        """
         if self._closed:
+            try:
+                await self.cache._leave_group()
+            finally:
+                await self.runtime.aclose()  # leaves the engine's group if it is still entered
             return
         self._closed = True
         try:

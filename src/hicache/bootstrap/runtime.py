@@ -26,6 +26,7 @@ from hicache.domain.pins import PinTable
 from hicache.domain.ports import Streams, Transfer
 from hicache.domain.slots import GroupAllocator
 from hicache.engine import TransferEngine
+from hicache.engine._scopes import innermost
 
 
 class Runtime:
@@ -89,7 +90,12 @@ class Runtime:
         "Attempted to exit a cancel scope that isn't the current task's current cancel scope".
         """
         try:
-            await self.engine.__aexit__(None, None, None)
+            await self.engine.aclose()
+            tg = self.engine._tg
+            # Called inside another cancel scope (a move_on_after, a cancelled close), the
+            # group is left at the ``async with`` exit instead (hicache.engine._scopes).
+            if tg is None or innermost(tg.cancel_scope):
+                await self.engine.__aexit__(None, None, None)
         finally:
             self._close_resources()
 

@@ -212,7 +212,7 @@ class _Soak:
         with await cache.match(tokens) as m:
             hit = await self.restore(st, m, keys, cancel=False)
             n = len(keys)
-            boundaries = [b for b in cache.checkpoint_boundaries(n) if b > hit]
+            boundaries = cache.checkpoint_boundaries(n, hit)
             counts = {KV: n - hit}
             if PoolName.SWA in st.owners:
                 counts[PoolName.SWA] = n - hit

@@ -17,7 +17,8 @@ How a backend name resolves (open_store):
   any other name  the entry point of that name in group ``hicache.stores``, if one exists.
 The "allocator" key is not read here: host memory goes through
 hicache.domain.resolve_host_memory only. Errors: a name, module or class that cannot be found
-or is no Store is a ConfigError; a store whose constructor fails is a StoreError.
+or is no Store, and a module whose import raises (or calls sys.exit), is a ConfigError; a store
+whose constructor fails (or calls sys.exit) is a StoreError.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _construct(factory: Callable[..., object], config: Mapping[str, Any], label:
         store = factory(dict(config))
     except HiCacheError:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise StoreError(f"store {label} failed to open: {type(e).__name__}: {e}") from e
     return _checked(store, label)
 
@@ -116,7 +117,7 @@ def _entry_point(name: str) -> importlib.metadata.EntryPoint | None:
 def _load_entry_point(ep: importlib.metadata.EntryPoint) -> Callable[..., object]:
     try:
         target = ep.load()
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise ConfigError(
             f"entry point {ep.name!r} of group {STORE_ENTRY_POINT_GROUP!r} ({ep.value}) cannot "
             f"be loaded: {type(e).__name__}: {e}"
@@ -135,9 +136,12 @@ def _load_class(plugin: StorePlugin) -> Callable[..., object]:
         raise ConfigError(f"store plug-in {plugin.label} names no module and class")
     try:
         module = importlib.import_module(module_path)
-    except ImportError as e:
+    except (Exception, SystemExit) as e:
+        # Whatever the module's own code raises at import (or a sys.exit there) is the
+        # plug-in's failure, never the host process's end.
         raise ConfigError(
-            f"storage backend 'dynamic': cannot import module_path {module_path!r}: {e}"
+            f"storage backend 'dynamic': cannot import module_path {module_path!r}: "
+            f"{type(e).__name__}: {e}"
         ) from e
     klass = getattr(module, class_name, None)
     if klass is None:

@@ -342,12 +342,11 @@ class DemoServer:
             seq = Sequence(kv, swa, got[MAMBA][0], len(kv) * self.page_size, state_from)
             own = {p: list(v) for p, v in got.items()}
             pages = computed // self.page_size
-            bounds = [b * self.page_size for b in self.cache.checkpoint_boundaries(pages)]
+            bounds = self.cache.checkpoint_boundaries(pages, match)  # past the hit
             checkpoints: dict[int, int] = {}
-            for b in bounds:
-                if b > hit:
-                    checkpoints[b] = self.new_slot()
-                    own.setdefault(MAMBA, []).append(checkpoints[b])
+            for b in (b * self.page_size for b in bounds):
+                checkpoints[b] = self.new_slot()
+                own.setdefault(MAMBA, []).append(checkpoints[b])
         except BaseException:
             with anyio.CancelScope(shield=True):
                 self.free_pages(own)

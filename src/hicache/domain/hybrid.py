@@ -97,11 +97,22 @@ class GroupRules:
 
     @classmethod
     def from_plan(cls, plan: HostGroupPlan, *, sliding_window: int | None = None) -> GroupRules:
-        """Rules of ``plan``; ``sliding_window`` (tokens) is required when it has a sliding pool.
+        """Rules of ``plan``. A sliding pool's window (tokens) is the plan's
+        (``plan.sliding_window``, from the model spec); ``sliding_window`` sets it for a plan
+        without one, and one that differs from the plan's is a ConfigError naming both.
 
         The window in pages is ceil(window / page size): a boundary is page-aligned, so the
         last ``window`` tokens before it lie in exactly that many pages.
         """
+        own = plan.sliding_window
+        if sliding_window is not None and own is not None and sliding_window != own:
+            raise ConfigError(
+                f"CacheSettings.sliding_window={sliding_window} conflicts with the plan's "
+                f"sliding window {own} (ModelSpec.sliding_window of {plan.model_type!r}): "
+                "leave sliding_window=None to use the model's"
+            )
+        if sliding_window is None:
+            sliding_window = own
         anchor = plan.anchor
         rules = [PoolRule(pool=anchor.name, restore=Restore.ALL_PAGES)]
         for p in plan.pools:
@@ -117,8 +128,9 @@ class GroupRules:
             else:
                 if sliding_window is None or sliding_window <= 0:
                     raise ConfigError(
-                        f"pool {p.name.value!r} keeps a sliding window: sliding_window (tokens) "
-                        f"must be a positive integer, got {sliding_window!r}"
+                        f"pool {p.name.value!r} keeps a sliding window and the plan has none "
+                        "(a plan built without a ModelSpec): set CacheSettings(sliding_window="
+                        f"tokens) to a positive integer, got {sliding_window!r}"
                     )
                 pages = math.ceil(sliding_window / anchor.page_size)
                 rules.append(

@@ -99,6 +99,7 @@ def check_invariants(
     lru: TickLru[PageRecord],
     anchor: PoolName,
     evictable: Callable[[PageRecord, int], bool],
+    holders: Mapping[tuple[int, PoolName, int], bytes] | None = None,
 ) -> None:
     """Check every invariant of an index's state (O(pages)); CacheStateError names the first.
 
@@ -137,6 +138,39 @@ def check_invariants(
                 raise CacheStateError(f"ticket {ticket.id} lost page {k.hex()[:16]}")
             if src != Tier.STORAGE and page.pins[src] < 1:
                 raise CacheStateError(f"ticket {ticket.id}: source of {k.hex()[:16]} unpinned")
+    if holders is not None:
+        _check_holders(records, tickets, holders)
+
+
+def _check_holders(
+    records: Mapping[bytes, PageRecord],
+    tickets: Mapping[int, Ticket],
+    holders: Mapping[tuple[int, PoolName, int], bytes],
+) -> None:
+    """Every cached page id holds exactly one key: the copies and reserved destinations."""
+    want: dict[tuple[int, PoolName, int], bytes] = {}
+
+    def claim(tier: int, key: bytes, where: Mapping[PoolName, int]) -> None:
+        for pool, pid in where.items():
+            other = want.setdefault((tier, pool, pid), key)
+            if other != key:
+                raise CacheStateError(
+                    f"{Tier(tier).name} page {pid} of pool {pool.value!r} holds two pages: "
+                    f"{other.hex()[:16]} and {key.hex()[:16]}"
+                )
+
+    for key, p in records.items():
+        for t in (Tier.DEVICE, Tier.HOST):
+            claim(t, key, p.at[t] or {})
+    for ticket in tickets.values():
+        if ticket.kind.dest != Tier.STORAGE:
+            for k, dest in zip(ticket.keys, ticket.dests, strict=True):
+                claim(ticket.kind.dest, k, dest)
+    if dict(holders) != want:
+        raise CacheStateError(
+            f"the page-id holders disagree with the placements ({len(holders)} held, "
+            f"{len(want)} placed)"
+        )
 
 
 __all__ = ["PageRecord", "check_invariants", "count_pages", "destination_refusal"]

@@ -8,6 +8,8 @@
   anchor: the anchor's placement on DEVICE / HOST).
 - _evictable / _lru_add / _lru_remove / _touch: LRU stamps of unpinned, settled pages; touch
   orders the anchor's pages tail-first and trailing pools' pages head-first.
+- _held_by_other / _hold / _unhold: which key each cached page id holds (a copy, or a
+  destination reserved for one): a page id holds one key's bytes at a time.
 - _check_placement(where, what): a placement's anchor, owner pools and ids (ConfigError).
 - _wanted(pages, dest): the copies down to ``dest`` the write-through policies want now.
 - _drop(page, tier, scope): remove ``scope``'s pages from a tier; the ids to free.
@@ -50,6 +52,9 @@ class IndexState:
         self._tickets: dict[int, Ticket] = {}
         self._next_ticket = 1
         self._evictions = [0, 0, 0]
+        # (cached tier, owning pool, page id) -> the key whose copy (or reserved destination)
+        # uses that page: one page id never holds two keys' bytes.
+        self._holder: dict[tuple[int, PoolName, int], bytes] = {}
 
     def _page(self, key: bytes) -> PageRecord:
         page = self._pages.get(key)
@@ -100,6 +105,29 @@ class IndexState:
 
             self._lru.touch(seq, slot, admit)
 
+    def _held_by_other(self, tier: int, key: bytes, where: Mapping[PoolName, int]) -> str | None:
+        """Why ``where`` on ``tier`` cannot hold ``key``'s bytes (None: it can): a page id
+        there holds (or is reserved for) another key."""
+        if tier == Tier.STORAGE:
+            return None
+        for pool, pid in where.items():
+            other = self._holder.get((tier, pool, pid))
+            if other is not None and other != key:
+                return (
+                    f"{Tier(tier).name} page {pid} of pool {pool.value!r} holds page "
+                    f"{other.hex()[:16]} of another prefix, not {key.hex()[:16]}"
+                )
+        return None
+
+    def _hold(self, tier: int, key: bytes, where: Mapping[PoolName, int]) -> None:
+        if tier != Tier.STORAGE:
+            for pool, pid in where.items():
+                self._holder[tier, pool, pid] = key
+
+    def _unhold(self, tier: int, pool: PoolName, pid: int) -> None:
+        if tier != Tier.STORAGE:
+            self._holder.pop((tier, pool, pid), None)
+
     def _check_placement(
         self, where: Mapping[PoolName, int], what: str, *, fill: bool = False
     ) -> dict[PoolName, int]:
@@ -143,6 +171,8 @@ class IndexState:
         if tier != Tier.STORAGE:
             self._lru_remove(page, tier, [q for q in pools if (tier, q) in self._slot])
         freed = [Freed(Tier(tier), pool, at.pop(pool)) for pool in pools]
+        for f in freed:
+            self._unhold(tier, f.pool, f.page)
         if not at:
             page.at[tier] = None
         # The store frees its own space: nothing to give back for STORAGE.

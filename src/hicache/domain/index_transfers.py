@@ -39,6 +39,8 @@ class IndexTransfers(IndexState):
                 raise CacheStateError(f"{kind.value}: page {p.key.hex()[:16]} twice in one batch")
             seen.add(p.key)
             refused = destination_refusal(p, kind, dest, self._anchor)
+            if refused is None:
+                refused = self._held_by_other(dst, p.key, dest)
             if refused is not None:
                 raise CacheStateError(refused)
             source = p.at[src]
@@ -66,6 +68,7 @@ class IndexTransfers(IndexState):
         self._next_ticket += 1
         for p, dest in zip(pages, dests, strict=True):
             p.pending[dst] = ticket.id
+            self._hold(dst, p.key, dest)
             if self._anchor not in dest:  # a fill: keep the copy it completes where it is
                 p.pins[dst] += 1
                 if p.pins[dst] == 1:
@@ -141,6 +144,8 @@ class IndexTransfers(IndexState):
                 arrived.append(page)
             elif dst != Tier.STORAGE:
                 free.extend(Freed(dst, pool, pid) for pool, pid in dest.items())
+                for pool, pid in dest.items():
+                    self._unhold(dst, pool, pid)
             self._lru_add(page, dst)  # no-op unless the copy there is whole and unpinned
             if src != Tier.STORAGE:
                 page.pins[src] -= 1

@@ -399,6 +399,7 @@ def plan_stack(
         archetype=archetype.value,
         tp_size=s.tp_size,
         stage=(start, end),
+        sliding_window=spec.sliding_window,
     )
 
 

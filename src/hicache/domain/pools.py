@@ -29,7 +29,7 @@ from hicache.domain.errors import AllocatorMismatchError, ConfigError, GroupErro
 from hicache.domain.geometry import AnyGeometry, Unit
 from hicache.domain.host_memory import HostMemory
 from hicache.domain.layouts import Layout, check_layout, host_buffer_shape
-from hicache.domain.validators import nonneg_int, positive_int
+from hicache.domain.validators import nonneg_int, optional_positive_int, positive_int
 
 
 class PoolName(enum.Enum):
@@ -171,6 +171,8 @@ class HostGroupPlan:
     """The host pools of one model rank, all on the group's one resolved host memory.
 
     ``model_layers[t]`` is the stage-local model layer id of transfer layer ``t``.
+    ``sliding_window``: the model's sliding window in tokens (``ModelSpec.sliding_window``;
+    plan_stack copies it), which the cache face's window rule uses; None without one.
     """
 
     host_memory: HostMemory
@@ -180,6 +182,7 @@ class HostGroupPlan:
     archetype: str | None = None
     tp_size: int = 1
     stage: tuple[int, int] | None = None
+    sliding_window: int | None = attrs.field(default=None, validator=optional_positive_int)
     _transfer_layers: int = attrs.field(init=False, default=0, repr=False, eq=False)
     _by_model: dict[int, int] = attrs.field(init=False, factory=dict, repr=False, eq=False)
 

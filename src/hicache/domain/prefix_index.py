@@ -7,7 +7,8 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
   state and shared steps: hicache.domain.index_state.IndexState).
 - match(keys): device/host/storage hit lengths at the hybrid-consistent boundary; touches LRU.
 - insert(keys, placements): pages a request computed on device; returns duplicates to free and,
-  under write_through(_selective), the backups to start.
+  under write_through(_selective), the backups to start. A device page id the index holds for
+  another key (or one named twice) is refused before anything changes.
 - pin / unpin(tier, keys): keep pages from eviction while a request or a copy uses them.
 - prepare_backup / prepare_load / prepare_prefetch / prepare_store: pin the source, reserve the
   destination (invisible to match) and return a Ticket; complete(ticket, ok) makes the good pages
@@ -130,6 +131,18 @@ class PrefixIndex(IndexTransfers):
         if len(keys) != len(placements):
             raise ConfigError(f"insert: {len(keys)} keys with {len(placements)} placements")
         checked = [self._check_placement(w, "insert") for w in placements]
+        # Every check before anything changes: a refused insert leaves the index as it was.
+        named: dict[tuple[PoolName, int], bytes] = {}
+        for key, where in zip(keys, checked, strict=True):
+            refused = self._held_by_other(Tier.DEVICE, key, where)
+            if refused is not None:
+                raise CacheStateError(f"insert: {refused}")
+            for pool, pid in where.items():
+                if named.setdefault((pool, pid), key) != key:
+                    raise ConfigError(
+                        f"insert: device page {pid} of pool {pool.value!r} is named for two "
+                        "pages of one request"
+                    )
         free: list[Freed] = []
         touched: list[PageRecord] = []
         dev = Tier.DEVICE
@@ -141,6 +154,7 @@ class PrefixIndex(IndexTransfers):
             have = page.at[dev]
             if have is None and not page.pending[dev]:
                 page.at[dev] = where  # stamped by the touch below, in LRU order
+                self._hold(dev, key, where)
             else:
                 for pool, pid in where.items():
                     # a load on its way (a whole page, or a fill of this copy) brings its own
@@ -148,6 +162,7 @@ class PrefixIndex(IndexTransfers):
                         free.append(Freed(dev, pool, pid))
                     else:
                         have[pool] = pid  # stamped by the touch below
+                        self._hold(dev, key, {pool: pid})
             touched.append(page)
         self._touch(touched, enter=True)
         backup = self._wanted(touched, Tier.HOST)
@@ -261,4 +276,5 @@ class PrefixIndex(IndexTransfers):
             lru=self._lru,
             anchor=self._anchor,
             evictable=self._evictable,
+            holders=self._holder,
         )

@@ -158,7 +158,53 @@ class HostPageBuffers(Protocol):
         ...
 
 
-def check_batch(keys: Sequence[StoreKey], buffers: Sequence[PageBuffer]) -> None:
-    """Raise ConfigError when a batch's keys and buffers are not paired 1:1."""
+def _kind(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check_keys(keys: object) -> Sequence[StoreKey]:
+    """``keys`` if it is a sequence of StoreKeys; ConfigError naming the first that is not."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise ConfigError(f"store keys must be a sequence of StoreKey, got {_kind(keys)}")
+    for i, k in enumerate(keys):
+        if not isinstance(k, StoreKey):
+            raise ConfigError(f"store keys[{i}] must be a StoreKey, got {_kind(k)}")
+    return keys
+
+
+def check_deadline(deadline: object) -> float | None:
+    """None or a finite number (absolute seconds, time.monotonic()); ConfigError otherwise."""
+    if deadline is None:
+        return None
+    if (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, (int, float))
+        or deadline != deadline
+        or deadline in (float("inf"), float("-inf"))
+    ):
+        raise ConfigError(
+            f"store deadline must be None or a finite number (time.monotonic()), got "
+            f"{_kind(deadline)}"
+        )
+    return float(deadline)
+
+
+def check_batch(keys: Sequence[StoreKey], buffers: object) -> None:
+    """Raise ConfigError when a batch's keys are not StoreKeys, its buffers not sequences of
+    memoryviews, or the two not paired 1:1."""
+    check_keys(keys)
+    if isinstance(buffers, (str, bytes)) or not isinstance(buffers, Sequence):
+        raise ConfigError(f"store buffers must be a sequence of page buffers, got {_kind(buffers)}")
     if len(keys) != len(buffers):
         raise ConfigError(f"store batch: {len(keys)} keys paired with {len(buffers)} buffers")
+    for i, buf in enumerate(buffers):
+        if isinstance(buf, (str, bytes, bytearray, memoryview)) or not isinstance(buf, Sequence):
+            raise ConfigError(
+                f"store buffers[{i}] must be a sequence of memoryview segments, got {_kind(buf)}"
+            )
+        for seg in buf:
+            if not isinstance(seg, memoryview):
+                raise ConfigError(
+                    f"store buffers[{i}] holds {_kind(seg)}: segments must be memoryviews"
+                )

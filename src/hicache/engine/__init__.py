@@ -30,6 +30,7 @@ from hicache.engine.cache_values import (
     EvictResult,
     InsertResult,
     PrefetchResult,
+    PrefetchSkip,
 )
 from hicache.engine.engine import PageSet, TransferEngine
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
@@ -61,6 +62,7 @@ __all__ = [
     "PageSet",
     "PrefetchPolicy",
     "PrefetchResult",
+    "PrefetchSkip",
     "RankAgreement",
     "SingleProcess",
     "StorageTier",

@@ -32,13 +32,15 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from hicache.domain.errors import ConfigError, EngineClosedError
+from hicache.domain.errors import CacheStateError, ConfigError, EngineClosedError
 from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Tier
+from hicache.engine import cache_args
 from hicache.engine._ops import wait_until
+from hicache.engine._scopes import innermost
 from hicache.engine.cache_hit import find_hit
 from hicache.engine.cache_insert import insert_placements
 from hicache.engine.cache_load import load_match, load_pools
@@ -128,27 +130,53 @@ class HiCache:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        try:
+            await self.aclose()
+        finally:
+            tg, self._tg = self._tg, None
+            if tg is not None:
+                # Background work has finished (or was cancelled and settled): this only
+                # leaves the group, here where ``async with`` entered it.
+                await tg.__aexit__(None, None, None)
 
     async def aclose(self) -> None:
         """Let background backups and storage writes finish, then close; idempotent.
 
-        Background work settles its bookkeeping under a shielded scope; a cancelled close
-        cancels it (each task still completes or aborts its index ticket).
+        Callable from any cancel scope: a cancelled close cancels the background tasks (each
+        still completes or aborts its index ticket, shielded), waits for them to settle and
+        re-raises the cancellation to the caller's scope. The face's task group is left here
+        only when this is where ``async with`` entered it (hicache.engine._scopes); otherwise
+        at the ``async with`` exit, so the task's cancel scopes stay in order.
         """
-        tg, self._tg = self._tg, None
-        if self._state == "closed" or tg is None:
+        if self._state in ("new", "closed"):
             self._state = "closed"
+            await self._leave_group()
             await anyio.lowlevel.checkpoint()
+            return
+        if self._state == "closing":
+            with anyio.CancelScope(shield=True):
+                await wait_until(lambda: self._state == "closed")
             return
         self._state = "closing"
         try:
-            await tg.__aexit__(None, None, None)
+            await wait_until(lambda: self.work.busy == 0)
+        except BaseException:
+            self.work.cancel_all()
+            with anyio.CancelScope(shield=True):
+                await wait_until(lambda: self.work.busy == 0)
+            raise
         finally:
             self.work.tg = None
             self._state = "closed"
             self._drain_orphans()
             log.info("cache_closed", **self.statistics().as_json()["index"])  # type: ignore[arg-type]
+            await self._leave_group()  # not under a shield: that scope would be the innermost
+
+    async def _leave_group(self) -> None:
+        tg = self._tg
+        if tg is not None and innermost(tg.cancel_scope):
+            self._tg = None
+            await tg.__aexit__(None, None, None)
 
     def _check_open(self, what: str) -> None:
         if self._state != "open":
@@ -186,7 +214,7 @@ class HiCache:
     async def match(self, token_ids: Sequence[int]) -> CacheMatch:
         """The agreed, pinned hit of ``token_ids`` (see CacheMatch; hicache.engine.cache_hit)."""
         self._check_open("match")
-        return await find_hit(self, token_ids, self._orphaned)
+        return await find_hit(self, cache_args.token_ids(token_ids), self._orphaned)
 
     # ---- load --------------------------------------------------------------------------------
     async def load(
@@ -200,16 +228,38 @@ class HiCache:
         the pages to load into, per pool, in page order (``match.load_counts()`` of them;
         required when the framework owns device pages). hicache.engine.cache_load."""
         self._check_open("load")
-        return await load_match(self, match, device_pages, after=after)
+        self._own_match(match, "load")
+        if device_pages is not None:
+            cache_args.mapping(device_pages, "load: device_pages")
+        if match.loading:
+            raise CacheStateError(
+                f"{match!r} is being loaded already: wait for (or cancel) that load"
+            )
+        match._calling = True  # from here: a second load of it is refused, not joined
+        try:
+            return await load_match(self, match, device_pages, after=after)
+        finally:
+            match._calling = False
 
     async def wait_idle(self) -> None:
         """Return once no background work (backups, storage writes, load settling) runs."""
         await wait_until(lambda: self.work.busy == 0)
 
+    def _own_match(self, match: object, what: str) -> None:
+        if not isinstance(match, CacheMatch):
+            raise ConfigError(
+                f"{what}: expected a CacheMatch from this cache's match(), got "
+                f"{type(match).__name__}"
+            )
+        if match._cache is not self:
+            raise ConfigError(f"{what}: {match!r} comes from another cache")
+
     def load_pools(self, match: CacheMatch) -> list[frozenset[PoolName]]:
+        self._own_match(match, "load_pools")
         return load_pools(self, match)
 
     def device_placements(self, match: CacheMatch) -> list[dict[PoolName, int]]:
+        self._own_match(match, "placements")
         out: list[dict[PoolName, int]] = []
         for key, pools in zip(match.keys, match.needed, strict=False):
             where = self.index.placement(Tier.DEVICE, key) or {}
@@ -217,11 +267,20 @@ class HiCache:
         return out
 
     # ---- insert ------------------------------------------------------------------------------
-    def checkpoint_boundaries(self, total_pages: int) -> list[int]:
-        """The page boundaries at which the framework should keep a state checkpoint."""
+    def checkpoint_boundaries(self, total_pages: int, hit: CacheMatch | int = 0) -> list[int]:
+        """The page boundaries of a request of ``total_pages`` full pages at which the
+        framework should keep a state checkpoint, past ``hit`` (the request's CacheMatch, whose
+        ``host_pages`` the cache restores, or a page count): the state at a boundary the cache
+        restored from is cached already, and the framework never computes one before it."""
+        total = cache_args.count(total_pages, "checkpoint_boundaries: total_pages")
+        if isinstance(hit, CacheMatch):
+            self._own_match(hit, "checkpoint_boundaries")
+            start = hit.host_pages
+        else:
+            start = cache_args.count(hit, "checkpoint_boundaries: hit (a CacheMatch or pages)")
         if not self._checkpoint_pools:
             return []
-        return self.settings.checkpoints.boundaries(total_pages)
+        return [b for b in self.settings.checkpoints.boundaries(total) if b > start]
 
     async def insert(
         self,
@@ -235,15 +294,20 @@ class HiCache:
         page, and ``checkpoints`` {boundary (pages): {state pool: slot}}. Checkpoints at
         boundaries the CheckpointPolicy does not keep are released, as are duplicates."""
         self._check_open("insert")
-        keys = chain_keys(token_ids, self.page_size)
+        tokens = cache_args.token_ids(token_ids)
+        keys = chain_keys(tokens, self.page_size)
         n = len(keys)
-        placements, released = insert_placements(
+        placements, released, named = insert_placements(
             self.rules,
             self.settings.checkpoints,
-            len(token_ids),
+            len(tokens) // 4 if isinstance(tokens, bytes) else len(tokens),
             n,
             device_pages,
             checkpoints,
+        )
+        # Every id is checked before the index changes: a refused insert leaves nothing.
+        cache_args.device_ids(
+            self.engine.device_slots, named, allocated=not self.work.framework_device
         )
         existing = [self.index.placement(Tier.DEVICE, k) for k in keys]
         acts = self.index.insert(keys, placements)
@@ -265,13 +329,17 @@ class HiCache:
         )
 
     # ---- eviction ----------------------------------------------------------------------------
-    async def evict(self, tier: Tier, pages: int, pool: PoolName | None = None) -> EvictResult:
-        """Evict up to ``pages`` LRU unpinned pages of ``pool`` (the anchor: whole pages) from
-        DEVICE or HOST. Under write_back the copy down a tier is waited for first."""
+    async def evict(
+        self, tier: Tier, pages: int, pool: PoolName | str | None = None
+    ) -> EvictResult:
+        """Evict up to ``pages`` LRU unpinned pages of ``pool`` (a PoolName or its text; None:
+        the anchor, whole pages) from DEVICE or HOST. Under write_back the copy down a tier is
+        waited for first."""
         self._check_open("evict")
-        if not isinstance(tier, Tier) or tier is Tier.STORAGE:
-            raise ConfigError(f"evict: tier must be Tier.DEVICE or Tier.HOST, got {tier!r}")
-        acts = self.index.evict(tier, pages, pool)
+        tier = cache_args.tier(tier)
+        pages = cache_args.count(pages, "evict: pages")
+        name = None if pool is None else cache_args.pool(pool, "evict: pool")
+        acts = self.index.evict(tier, pages, name)
         freed_host = [f for f in acts.free if f.tier is Tier.HOST]
         device = await self.work.perform(acts, wait=True)
         out: dict[PoolName, list[int]] = {}
@@ -288,7 +356,11 @@ class HiCache:
     ) -> PrefetchResult:
         """Bring the stored part of a hit to host (see docs/cache-face.md, "Prefetch")."""
         self._check_open("prefetch")
-        return await prefetch(self, target, deadline=deadline)
+        if isinstance(target, CacheMatch):
+            self._own_match(target, "prefetch")
+        else:
+            target = cache_args.token_ids(target, "prefetch: target (a CacheMatch or token ids)")
+        return await prefetch(self, target, deadline=cache_args.deadline(deadline))
 
     # ---- statistics --------------------------------------------------------------------------
     def statistics(self) -> CacheStatistics:

@@ -89,6 +89,7 @@ class CacheMatch:
         self.needed = tuple(needed)
         self._pins = pins
         self._load: CacheLoad | None = None
+        self._calling = False  # a ``load`` call of this match is running (before its CacheLoad)
         weakref.finalize(self, on_drop, pins)
 
     @property
@@ -134,6 +135,11 @@ class CacheMatch:
 
     def set_sources(self, sources: Sequence[Tier]) -> None:
         self.sources = tuple(sources)
+
+    @property
+    def loading(self) -> bool:
+        """Whether a load of this match is running (its call, or its copy not settled yet)."""
+        return self._calling or (self._load is not None and not self._load.finished)
 
     def attach(self, load: CacheLoad) -> None:
         if self._load is not None and not self._load.finished:

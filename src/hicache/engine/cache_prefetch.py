@@ -36,7 +36,7 @@ from hicache.domain.tiers import Placement, Tier
 from hicache.engine.cache_match import CacheMatch
 from hicache.engine.cache_parts import CacheParts
 from hicache.engine.cache_storage import storage_boundary
-from hicache.engine.cache_values import PrefetchResult
+from hicache.engine.cache_values import PrefetchResult, PrefetchSkip
 from hicache.engine.cache_work import pool_counts, split_ids
 
 
@@ -84,13 +84,13 @@ async def prefetch(
     (end,) = await cache.ranks.agree_min((min(max(hint, start), len(keys)),))
     if storage is None:
         return PrefetchResult(requested=0, read=0, host_pages=await _agreed_host(cache, keys),
-                              page_size=ps, skipped="no storage tier")
+                              page_size=ps, skipped=PrefetchSkip.NO_STORAGE)
     todo = reads(cache, keys, start, end)
     requested = len(todo)
     if requested < cache.settings.prefetch_min_pages:
         return PrefetchResult(requested=requested, read=0,
                               host_pages=await _agreed_host(cache, keys), page_size=ps,
-                              skipped="fewer pages than prefetch_min_pages")
+                              skipped=PrefetchSkip.TOO_FEW_PAGES)
     if deadline is None:
         deadline = storage.deadline_for(requested * ps)
     batch = cache.settings.prefetch_batch_pages

@@ -5,7 +5,8 @@
   synchronous scheduler). Every call runs on the engine's loop (``SyncEngine.call``), so the
   cache keeps one owner. A SyncCacheLoad's per-layer waits run on the calling thread, as the
   engine's (``wait_layer`` / ``wait_model_layer``); ``wait`` and ``cancel`` block.
-- open_sync_cache(cache_runtime): the cache runtime opened on a SyncEngine's loop thread.
+- open_sync_cache(sync_engine, cache): the cache opened on a SyncEngine's loop thread.
+  Closing the SyncEngine closes a SyncCache still open on it first (its writes finish).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import anyio
 import anyio.abc
 from anyio.from_thread import BlockingPortal
 
+from hicache.domain.errors import ConfigError, EngineClosedError
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Tier
 from hicache.engine.cache import HiCache
@@ -54,6 +56,17 @@ class SyncCache:
     """
 
     def __init__(self, sync: SyncEngine, cache: HiCache) -> None:
+        if not isinstance(sync, SyncEngine):
+            raise ConfigError(f"sync must be a SyncEngine (open_sync), got {type(sync).__name__}")
+        if not isinstance(cache, HiCache):
+            raise ConfigError(f"cache must be a HiCache, got {type(cache).__name__}")
+        if cache.engine is not sync.engine:
+            raise ConfigError(
+                f"cache {cache!r} runs on {cache.engine!r}, not on this SyncEngine's "
+                f"{sync.engine!r}: build the HiCache over sync.engine"
+            )
+        if sync.closed:
+            raise EngineClosedError(f"{sync!r} is closed: open the cache on an open SyncEngine")
         self._sync = sync
         self.cache = cache
         self._stop: anyio.Event | None = None
@@ -61,6 +74,7 @@ class SyncCache:
         # The engine's own portal (same package): every cache call runs on the engine's loop.
         self._portal: BlockingPortal = sync._portal
         self._host, _ = self._portal.start_task(self._serve, name="hicache cache host")
+        sync._on_close(self.close)  # closing the SyncEngine closes this cache first
 
     async def _serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         self._stop = anyio.Event()
@@ -98,11 +112,19 @@ class SyncCache:
 
         return self._portal.call(run)
 
-    def prefetch(self, target: CacheMatch | Sequence[int]) -> PrefetchResult:
-        return self._portal.call(self.cache.prefetch, target)
+    def prefetch(
+        self, target: CacheMatch | Sequence[int], *, deadline: float | None = None
+    ) -> PrefetchResult:
+        async def run() -> PrefetchResult:
+            return await self.cache.prefetch(target, deadline=deadline)
 
-    def evict(self, tier: Tier, pages: int, pool: PoolName | None = None) -> EvictResult:
+        return self._portal.call(run)
+
+    def evict(self, tier: Tier, pages: int, pool: PoolName | str | None = None) -> EvictResult:
         return self._portal.call(self.cache.evict, tier, pages, pool)
+
+    def checkpoint_boundaries(self, total_pages: int, hit: CacheMatch | int = 0) -> list[int]:
+        return self._sync.call(self.cache.checkpoint_boundaries, total_pages, hit)
 
     def placements(self, match: CacheMatch) -> list[dict[PoolName, int]]:
         return self._sync.call(match.placements)
@@ -119,10 +141,13 @@ class SyncCache:
         if self._closed:
             return
         self._closed = True
-        stop = self._stop
-        if stop is not None:
-            self._sync.call(stop.set)
-        self._host.result()
+        try:
+            stop = self._stop
+            if stop is not None:
+                self._portal.call(stop.set)
+            self._host.result()
+        finally:
+            self._sync._forget(self.close)
 
     def __enter__(self) -> SyncCache:
         return self

@@ -4,7 +4,8 @@
   the sliding window (tokens), prefetch batch size and threshold, the storage tier's settings.
 - InsertResult: what an insert registered and which device pages the cache did not keep.
 - EvictResult: how many pages an eviction took and the page ids it gave back.
-- PrefetchResult: pages asked for, read, and the host hit after the prefetch.
+- PrefetchResult: pages asked for, read, and the host hit after the prefetch; PrefetchSkip:
+  why one did not start.
 - CacheStatistics: a frozen snapshot: hits per tier (tokens and requests), bytes per direction,
   evictions per tier, store failures, the breaker's state, the index's counters.
 """
@@ -59,8 +60,9 @@ class CacheSettings:
     ``writes``: when pages go down a tier (``WriteSettings``: host and storage policies; a
     storage policy of None with a store present means write_through). ``checkpoints``: which
     page boundaries keep a state checkpoint (hybrid state models). ``sliding_window``: tokens
-    of a sliding-window pool (required when the plan has one; ``open_cache`` takes it from the
-    model spec when given). ``prefetch_batch_pages``: pages per storage read batch.
+    of a sliding-window pool: None takes the plan's (``plan_stack`` copies
+    ``ModelSpec.sliding_window`` into it); needed only for a plan built without one, and one
+    that differs from the plan's is a ConfigError naming both. ``prefetch_batch_pages``: pages per storage read batch.
     ``prefetch_min_pages``: a prefetch of fewer pages than this is not started (SGLang's
     ``prefetch_threshold``, 256 tokens by default, in pages). ``storage``: the storage tier's
     own settings (hicache.engine.storage_tier.StorageTierSettings: deadlines, prefetch policy,
@@ -104,15 +106,23 @@ class EvictResult:
     freed: Mapping[PoolName, tuple[int, ...]]
 
 
+class PrefetchSkip(enum.Enum):
+    """Why a prefetch did not start (``PrefetchResult.skipped``; None when it ran)."""
+
+    NO_STORAGE = "no storage tier"
+    TOO_FEW_PAGES = "fewer pages than prefetch_min_pages"
+
+
 @attrs.frozen(kw_only=True)
 class PrefetchResult:
-    """A prefetch: pages asked for from storage, pages read, the host hit afterwards (pages)."""
+    """A prefetch: pages asked for from storage, pages read, the host hit afterwards (pages);
+    ``skipped``: why it did not start (a PrefetchSkip), None when it ran."""
 
     requested: int
     read: int
     host_pages: int
     page_size: int
-    skipped: str = ""
+    skipped: PrefetchSkip | None = None
 
     @property
     def host_tokens(self) -> int:

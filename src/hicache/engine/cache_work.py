@@ -102,6 +102,8 @@ class CacheWork:
         self.quarantine: PageIds = {}
         self.tg: anyio.abc.TaskGroup | None = None
         self.busy = 0  # background tasks running (backups, storage writes, load settling)
+        self.scopes: set[anyio.CancelScope] = set()  # one per background task (cancel_all)
+        self.cancelled = False
 
     def bytes_of(self, placements: Iterable[Placement]) -> int:
         total = 0
@@ -266,9 +268,21 @@ class CacheWork:
     async def _guarded(self, func: Any, *args: Any) -> None:
         """A background task: its bookkeeping is shielded; an error is logged, never raised
         into the face's task group (which would close the face)."""
+        scope = anyio.CancelScope()
+        if self.cancelled:
+            scope.cancel()
+        self.scopes.add(scope)
         try:
-            await func(*args)
+            with scope:
+                await func(*args)
         except Exception as e:
             log.warning("cache_background_failed", task=func.__name__, error=repr(e))
         finally:
+            self.scopes.discard(scope)
             self.busy -= 1
+
+    def cancel_all(self) -> None:
+        """Cancel every background task (a cancelled close): each settles shielded."""
+        self.cancelled = True
+        for scope in self.scopes:
+            scope.cancel()

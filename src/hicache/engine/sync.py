@@ -157,6 +157,9 @@ class SyncEngine:
         self._portal = self._portal_cm.__enter__()
         self._closed = False
         self._stop: anyio.Event | None = None
+        # Faces opened on this loop (SyncCache.close): closed first by close(), or the loop
+        # would wait for their long-lived tasks forever.
+        self._closers: list[Callable[[], None]] = []
         try:
             # The engine's task group lives in one long-lived task of the loop (a task group is
             # entered and left by the same task).
@@ -266,8 +269,28 @@ class SyncEngine:
         return self.call(self._engine.statistics)
 
     # -- life cycle ----------------------------------------------------------------------------
+    def _on_close(self, close: Callable[[], None]) -> None:
+        """Have ``close()`` call ``close`` first (a face opened on this loop; same package)."""
+        if self._closed:
+            raise EngineClosedError(f"{self!r} is closed: open the face on an open SyncEngine")
+        self._closers.append(close)
+
+    def _forget(self, close: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._closers.remove(close)
+
     def close(self) -> None:
-        """Close the engine (as ``aclose``), then stop the loop thread; idempotent."""
+        """Close the faces still open on it (a SyncCache: its background writes finish), the
+        engine (as ``aclose``), then stop the loop thread; idempotent."""
+        if self._closed:
+            return
+        try:
+            for close in reversed(list(self._closers)):
+                close()
+        finally:
+            self._close_engine()
+
+    def _close_engine(self) -> None:
         if self._closed:
             return
         self._closed = True

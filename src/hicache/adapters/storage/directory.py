@@ -49,6 +49,8 @@ from hicache.domain.storage import (
     StoreStatus,
     buffer_nbytes,
     check_batch,
+    check_deadline,
+    check_keys,
 )
 
 SUFFIX = ".obj"
@@ -191,11 +193,13 @@ class DirectoryStore:
         """Nothing to register: files are read and written with ordinary system calls."""
 
     def _deadline(self, deadline: float | None) -> float | None:
+        deadline = check_deadline(deadline)
         if deadline is None and self.settings.timeout_s is not None:
             return time.monotonic() + self.settings.timeout_s
         return deadline
 
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
+        check_keys(keys)
         deadline = self._deadline(deadline)
         out = [False] * len(keys)
         if self._closed:
@@ -333,6 +337,7 @@ class DirectoryStore:
         return StoreStatus.OK, tmp
 
     def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
+        check_keys(keys)
         out = []
         for key in keys:
             if self._closed:

@@ -8,6 +8,7 @@ A bad value is a ConfigError that names the field and what was expected; nothing
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import attrs
 
 from hicache.adapters.storage.checksum import Checksum
 from hicache.domain import ConfigError
+from hicache.domain.limits import MAX_BYTES
 
 _KEYS = ("root", "capacity_bytes", "fsync", "checksum", "timeout_s", "stale_tmp_s")
 # Keys of a storage extra config that other readers own (host memory, plug-in dispatch).
@@ -25,13 +27,37 @@ _OTHERS = frozenset({"allocator", "backend_name", "module_path", "class_name"})
 def _optional_positive(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"directory store {attr.name} must be a positive number, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(
+            f"directory store {attr.name} must be a positive finite number, got {value!r}"
+        )
+
+
+def _optional_bytes(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_BYTES:
+        raise ConfigError(
+            f"directory store {attr.name} must be a whole number of bytes in [1, {MAX_BYTES}], "
+            f"got {value!r}"
+        )
 
 
 def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"directory store {attr.name} must be >= 0 seconds, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError(
+            f"directory store {attr.name} must be a finite number >= 0 seconds, got {value!r}"
+        )
 
 
 def _bool(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -44,6 +70,8 @@ def _root(value: object) -> Path | None:
         return value
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"directory store root must be a non-empty path, got {value!r}")
+    if "\x00" in value:
+        raise ConfigError(f"directory store root {value!r} holds a NUL byte: not a path")
     return Path(value)
 
 
@@ -56,7 +84,7 @@ class DirectorySettings:
     """How a DirectoryStore behaves. ``root=None``: a fresh temporary directory, removed on close."""
 
     root: Path | None = attrs.field(default=None, converter=_root)
-    capacity_bytes: int | None = attrs.field(default=None, validator=_optional_positive)
+    capacity_bytes: int | None = attrs.field(default=None, validator=_optional_bytes)
     fsync: bool = attrs.field(default=False, validator=_bool)
     checksum: Checksum = attrs.field(default=Checksum.BLOCKSUM64, converter=_checksum)
     timeout_s: float | None = attrs.field(default=None, validator=_optional_positive)

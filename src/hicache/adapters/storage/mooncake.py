@@ -34,6 +34,8 @@ from hicache.domain.storage import (
     StoreKey,
     StoreStatus,
     check_batch,
+    check_deadline,
+    check_keys,
 )
 
 NAME = "mooncake"
@@ -259,6 +261,8 @@ class MooncakeStore:
             client.unregister_buffer(address)
 
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
+        check_keys(keys)
+        deadline = check_deadline(deadline)
         if not keys:
             return []
         client = self._client
@@ -289,6 +293,7 @@ class MooncakeStore:
         return self._transfer("put", keys, buffers, deadline)
 
     def remove(self, keys: Sequence[StoreKey]) -> list[StoreStatus]:
+        check_keys(keys)
         if not keys:
             return []
         client = self._client
@@ -385,6 +390,7 @@ class MooncakeStore:
         deadline: float | None,
     ) -> list[StoreStatus]:
         check_batch(keys, buffers)
+        deadline = check_deadline(deadline)
         out = [StoreStatus.FATAL] * len(keys)
         client = self._client
         if client is None or not keys:

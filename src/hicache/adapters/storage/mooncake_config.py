@@ -212,7 +212,12 @@ def _read_file(var: str, path: str) -> dict[str, object]:
             f"mooncake settings: {where} holds {st.st_size} B, more than {MAX_CONFIG_FILE_BYTES} B"
         )
     try:
-        with open(path, "rb") as f:
+        # Non-blocking, and checked again on the open file: a path swapped for a FIFO after
+        # the stat above must not block the reader.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(f"mooncake settings: {where} is not a regular file")
             raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
         data = json.loads(raw)
     except OSError as e:

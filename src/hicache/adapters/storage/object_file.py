@@ -2,7 +2,8 @@
 
 - flat_segments: a PageBuffer's segments as flat byte views, or None if one is not contiguous.
 - write_object: create a new file (O_EXCL, 0600) and write a key's header and payload into it.
-- open_object: open an object file for reading (never through a symbolic link).
+- open_object: open an object file for reading (never through a symbolic link, never a FIFO,
+  device or socket: those are refused before anything reads, a reader never blocks on them).
 - read_object: check an open object against a key and read its payload into segments.
 - failed_status: the StoreStatus of a failed file operation (FULL for a full disk or quota).
 - fsync_dir: fsync a directory, so that a rename in it survives a power loss.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 
 from hicache.adapters.storage.checksum import Checksum, Summer
 from hicache.adapters.storage.format import (
@@ -35,6 +37,7 @@ IOV_MAX = 512  # segments per pwritev call (Linux allows 1024)
 CHUNK = 1 << 20  # puts and gets check and move this much at a time (one core's L2)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
@@ -74,8 +77,24 @@ def write_object(
 
 
 def open_object(path: str) -> int:
-    """A read-only descriptor of the object file ``path`` (OSError if absent or a link)."""
-    return os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    """A read-only descriptor of the object file ``path`` (OSError if absent or a link).
+
+    Opened non-blocking and checked with fstat before anything reads it: a FIFO, device or
+    socket at an object's name (never a file the store wrote) is FileNotFoundError (a miss),
+    so a reader never waits on it forever.
+    """
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise FileNotFoundError(
+            errno.ENOENT, "not a regular file (a FIFO, device or socket): no object here", path
+        )
+    return fd
 
 
 def read_object(fd: int, key: StoreKey, segments: list[memoryview]) -> StoreStatus:
