@@ -1,4 +1,4 @@
-"""The `hicache` command line: plan, bench, demo, shm.
+"""The `hicache` command line: plan, bench, demo, shm, config.
 
 Each command lives in its own module and registers a subparser through ``register(subparsers)``;
 its handler returns the exit status. Bad input (a HiCacheError) exits 2 with one line on stderr,
@@ -26,12 +26,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hicache.cli import bench, demo, plan, shm
+    from hicache.cli import bench, config, demo, plan, shm
 
     parser = _Parser(prog="hicache", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (plan, bench, demo, shm):
+    for module in (plan, bench, demo, shm, config):
         module.register(sub)
     return parser
 
