@@ -213,7 +213,7 @@ KEYS: tuple[Key, ...] = (
         "cache.sliding_window",
         Kind.OPTIONAL_INT,
         _default(CacheSettings, "sliding_window"),
-        "tokens of the sliding window (none: the model spec's)",
+        "tokens of a sliding-window pool (needed when the plan has one)",
     ),
     Key(
         "cache.prefetch_batch_pages",
@@ -238,7 +238,7 @@ KEYS: tuple[Key, ...] = (
         "storage.extra_config",
         Kind.EXTRA_CONFIG,
         {},
-        "the backend's extra config (see docs/configuration.md)",
+        "the backend's extra config (its keys: docs/configuration.md)",
     ),
     _tier("prefetch_policy", _C, "how long a prefetch waits for storage", _names(PrefetchPolicy)),
     _tier("timeout_base_s", _F, "timeout policy: base seconds"),
