@@ -42,16 +42,16 @@ def register(sub: Any) -> None:
             "from storage after the host copy was evicted; the outputs are compared."
         ),
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--turns", type=int, default=3, help="chat turns after the system prompt (3)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or rocm[:N]")
+    p.add_argument("--turns", type=int, default=3, help="chat turns after the system prompt")
     p.add_argument(
-        "--prefix-tokens", type=int, default=2048, help="system prompt tokens (default 2048)"
+        "--prefix-tokens", type=int, default=2048, help="system prompt tokens"
     )
     p.add_argument(
         "--storage",
         default="directory",
         help=(
-            "storage tier: directory (default, a temporary folder removed afterwards), "
+            "storage tier: one of directory (a temporary folder removed afterwards), "
             "mooncake (a local master and storage node, started and stopped), none"
         ),
     )
