@@ -19,7 +19,7 @@ def positive_option(name: str, value: object) -> int:
 
 
 def one_of(values: Iterable[object]) -> str:
-    """"one of a, b, c" for the help of an option with a fixed set of values (enum members are
+    """The text "one of a, b, c" for the help of an option with a fixed set of values (enum members are
     shown by value), so every choice is listed the same way."""
     names = [str(v.value) if isinstance(v, enum.Enum) else str(v) for v in values]
     return "one of " + ", ".join(names)

@@ -35,9 +35,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--ops", type=int, default=10_000, help="operations")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument(
-        "--concurrency", type=int, default=4, help="requests in flight at once"
-    )
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight at once")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 

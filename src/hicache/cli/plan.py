@@ -74,8 +74,7 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="POOL=LAYOUT",
-        help=f"layout for one pool, e.g. mamba=page_first; LAYOUT is {one_of(Layout)} "
-        "(repeatable)",
+        help=f"layout for one pool, e.g. mamba=page_first; LAYOUT is {one_of(Layout)} (repeatable)",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument(
@@ -100,25 +99,28 @@ def register(sub: Any) -> None:
         default=65536,
         help="anchor capacity on the device in tokens",
     )
-    p.add_argument(
-        "--device-slots", type=int, default=256, help="state slots on the device"
-    )
+    p.add_argument("--device-slots", type=int, default=256, help="state slots on the device")
     p.add_argument(
         "--swa-tokens",
         type=int,
         default=None,
         help="sliding-window pool tokens on the device (default: --device-tokens)",
     )
-    p.add_argument("--storage-backend", default=None, help=f"storage backend: {one_of(sorted(KNOWN_BACKENDS))} (default: none)"
+    p.add_argument(
+        "--storage-backend",
+        default=None,
+        help=f"storage backend: {one_of(sorted(KNOWN_BACKENDS))} (default: none)",
     )
     p.add_argument(
         "--storage-extra-config",
         default=None,
         help="backend extra config: JSON, or @file.json/.toml/.yaml",
     )
-    p.add_argument("--kv-dtype", default=None, help=f"KV dtype: {one_of(DType)} (default: the model's dtype)"
+    p.add_argument(
+        "--kv-dtype", default=None, help=f"KV dtype: {one_of(DType)} (default: the model's dtype)"
     )
-    p.add_argument("--ssm-dtype", default="fp32", help=f"recurrent temporal state dtype: {one_of(DType)}"
+    p.add_argument(
+        "--ssm-dtype", default="fp32", help=f"recurrent temporal state dtype: {one_of(DType)}"
     )
     pin = p.add_mutually_exclusive_group()
     pin.add_argument(
