@@ -271,3 +271,24 @@ def test_every_hicache_variable_in_the_repository_is_a_key_or_known() -> None:
     prefixes = {f"HICACHE_{s.upper()}" for s in SECTIONS}
     unknown = sorted(n for n in names - set(BY_ENV) - OTHER_ENV_VARS - prefixes)
     assert not unknown, unknown
+
+
+def test_open_cache_refuses_a_plan_made_without_the_config() -> None:
+    from hicache.bootstrap import open_cache
+
+    spec = load_model_spec("llama-3.1-8b-instruct")
+    other = plan_stack(spec, PlanSettings(tp_size=8, device_tokens=256))
+    shm = HiCacheConfig.from_mapping({"plan.tp_size": 8, "storage.backend": "shm"}, source="t")
+    with pytest.raises(ConfigError, match=r"host memory is anonymous but storage.backend = 'shm'"):
+        open_cache(other, config=shm)
+    pages = HiCacheConfig.from_mapping(
+        {"plan": {"page_size": 32, "device_tokens": 256}}, source="t"
+    )
+    with pytest.raises(ConfigError, match=r"pages hold 64 tokens but plan.page_size = 32 from t"):
+        open_cache(other, config=pages)
+
+
+def test_a_missing_hicache_config_file_names_the_variable(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.toml"
+    with pytest.raises(ConfigError, match=r"nowhere.toml.*\(the file env HICACHE_CONFIG names\)"):
+        HiCacheConfig.load(env={"HICACHE_CONFIG": str(missing)})

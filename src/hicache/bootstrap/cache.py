@@ -169,8 +169,8 @@ def open_cache(
     for storage only if ``settings`` says so: pass ``WriteSettings(storage=...)``.
     ``config``: a HiCacheConfig that gives the settings, the store (its ``storage.*`` keys) and
     the runtime options (device, backend, huge_pages, event_sets, device_ownership); passing
-    ``settings``, a store or one of those options as well is a ConfigError (plan the stack with
-    the same config: ``plan_stack(spec, config)``).
+    ``settings``, a store or one of those options as well is a ConfigError, and so is a plan
+    made with another page size or storage backend (plan with ``plan_stack(spec, config)``).
     """
     if not isinstance(plan, HostGroupPlan):
         raise ConfigError(f"open_cache needs a HostGroupPlan, got {type(plan).__name__}")
@@ -189,6 +189,7 @@ def open_cache(
             if k in runtime_options
         }
         options = resolve_runtime_options(config, given, "open_cache")
+        config.check_plan(plan)
         device = options.pop("device")
         device_ownership = options.pop("device_ownership")
         runtime_options |= options

@@ -47,11 +47,13 @@ from hicache.bootstrap.config_keys import (
 from hicache.domain import (
     BudgetSizing,
     ConfigError,
+    HostGroupPlan,
     PlanSettings,
     RatioSizing,
     StorageSettings,
     WriteSettings,
 )
+from hicache.domain.host_memory import resolve_host_memory
 from hicache.domain.hybrid import CheckpointPolicy
 from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
@@ -152,10 +154,13 @@ class HiCacheConfig:
         """
         env = os.environ if env is None else env
         config = cls()
-        if path is None and env.get(CONFIG_FILE_VAR):
-            path = env[CONFIG_FILE_VAR]
         if path is not None:
             config = config._with_file(Path(path).expanduser())
+        elif env.get(CONFIG_FILE_VAR):
+            try:
+                config = config._with_file(Path(env[CONFIG_FILE_VAR]).expanduser())
+            except ConfigError as e:
+                raise ConfigError(f"{e} (the file env {CONFIG_FILE_VAR} names)") from None
         if mapping is not None:
             config = config.with_values(mapping, source=source)
         layered = [(k, v, s) for k, v, s in _from_env(env)]
@@ -279,6 +284,25 @@ class HiCacheConfig:
         from hicache.bootstrap.storage import open_store
 
         return open_store(self._storage)
+
+    def check_plan(self, plan: HostGroupPlan, call: str = "open_cache") -> None:
+        """A ConfigError when ``plan`` was not planned with this config's page size and storage
+        (its host memory kind follows ``storage.backend``): plan with ``plan_stack(spec,
+        config)``."""
+        page = self._plan.page_size
+        anchor = plan.anchor.page_size
+        kind = resolve_host_memory(self._storage, self._plan.pinned).kind
+        if anchor != page:
+            raise ConfigError(
+                f"{call}: the plan's pages hold {anchor} tokens but {self._origin('plan.page_size')}"
+                f": plan with plan_stack(spec, config)"
+            )
+        if plan.host_memory.kind != kind:
+            raise ConfigError(
+                f"{call}: the plan's host memory is {plan.host_memory.kind.name} but "
+                f"{self._origin('storage.backend')} needs {kind.name}: plan with "
+                f"plan_stack(spec, config)"
+            )
 
     # -- what it holds --------------------------------------------------------------------------
 
