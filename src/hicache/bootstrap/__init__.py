@@ -10,7 +10,8 @@
   load torch.
 - hicache_config: HiCacheConfig, one configuration for a whole cache (plan, cache, storage, copy
   backend, runtime) from defaults, a file, a mapping and HICACHE_* variables; config_keys lists
-  its keys. Loaded on first use (it imports the engine's settings).
+  its keys, config_values reads their values. Loaded on first use (it imports the engine's
+  settings).
 - cache: open_cache / CacheRuntime, the runtime + store + storage tiers + the cache face
   (HiCache). Loaded on first use, like runtime.
 """

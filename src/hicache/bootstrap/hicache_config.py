@@ -41,9 +41,8 @@ from hicache.bootstrap.config_keys import (
     Key,
     Kind,
     Source,
-    parse_value,
-    suggest,
 )
+from hicache.bootstrap.config_values import parse_value, suggest
 from hicache.domain import (
     BudgetSizing,
     ConfigError,
