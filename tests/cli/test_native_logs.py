@@ -7,6 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from hicache.cli import main
+from hicache.cli._logs import NativeStderrToFile
+from hicache.domain import ConfigError
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 CHILD = """
@@ -50,3 +56,15 @@ def test_the_file_is_appended_and_only_new_lines_count(tmp_path: Path) -> None:
     text = log.read_text()
     assert text.startswith("old run\n")
     assert text.count("Local segment descriptor not found") == 1
+
+
+def test_a_log_file_that_cannot_be_written_is_a_one_line_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "no-such-folder" / "demo.log"
+    with pytest.raises(ConfigError, match="cannot write the log file"):
+        NativeStderrToFile(bad).__enter__()
+    assert main(["demo", "--storage", "none", "--log-file", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "cannot write the log file" in err

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from hicache.domain import ConfigError
+
 
 class QuietLogs:
     """For the command's run: structlog to stderr at warning level; put back afterwards.
@@ -68,7 +70,12 @@ class NativeStderrToFile:
 
     def __enter__(self) -> NativeStderrToFile:
         sys.stderr.flush()
-        log_fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            log_fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot write the log file {str(self.path)!r}: {e.strerror or e}"
+            ) from None
         try:
             self._start = os.fstat(log_fd).st_size
             self._saved_fd = os.dup(2)
