@@ -114,20 +114,13 @@ def _mentioned(message: str, key: Key) -> bool:
 class HiCacheConfig:
     """The effective configuration of one cache: a value and a source for every key."""
 
-    def __init__(
-        self,
-        values: Mapping[str, Any] | None = None,
-        sources: Mapping[str, Source] | None = None,
-        file: Path | None = None,
-    ) -> None:
-        self._values = {k.name: k.default for k in KEYS}
-        self._sources = {k.name: DEFAULT for k in KEYS}
-        self._values.update(values or {})
-        self._sources.update(sources or {})
-        unknown = sorted(set(self._values) - set(BY_NAME))
-        if unknown:
-            raise ConfigError(f"unknown keys {unknown}: expected some of {sorted(BY_NAME)}")
-        self.file = file
+    def __init__(self) -> None:
+        """The defaults. Build others with load, from_mapping or with_values, which parse and
+        label every value."""
+        self._setup({k.name: k.default for k in KEYS}, {k.name: DEFAULT for k in KEYS}, None)
+
+    def _setup(self, values: dict[str, Any], sources: dict[str, Source], file: Path | None) -> None:
+        self._values, self._sources, self.file = values, sources, file
         self._check_sizing()
         # Everything is built once, so a bad combination fails here and names its keys.
         self._storage = self._build(("storage.backend", "storage.extra_config"), self._storage_of)
@@ -191,7 +184,9 @@ class HiCacheConfig:
         for key, raw, source in items:
             values[key.name] = parse_value(key, raw, source)
             sources[key.name] = source
-        return HiCacheConfig(values, sources, self.file)
+        config = HiCacheConfig.__new__(HiCacheConfig)
+        config._setup(values, sources, self.file)
+        return config
 
     # -- checks ---------------------------------------------------------------------------------
 
