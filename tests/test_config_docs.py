@@ -123,3 +123,45 @@ def test_open_runtime_options_show_their_signature_defaults(name: str) -> None:
     rows = _rows(_section("Runtime and engine options"))
     default = inspect.signature(open_runtime).parameters[name].default
     assert repr(default).replace("'", '"') in rows[name][0] or str(default) in rows[name][0]
+
+
+def _key_rows() -> dict[str, list[str]]:
+    rows: dict[str, list[str]] = {}
+    for line in _section("One configuration").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.fullmatch(r"`([a-z_.]+)`", cells[0]) if cells else None
+        if m and "." in m.group(1):
+            rows[m.group(1)] = cells[1:]
+    return rows
+
+
+def _config_shown(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "{}" if value == {} else str(value)
+
+
+def test_every_config_key_is_documented_with_its_variable_and_default() -> None:
+    from hicache.bootstrap.config_keys import KEYS
+
+    rows = _key_rows()
+    assert set(rows) == {k.name for k in KEYS}
+    for key in KEYS:
+        variable, default = rows[key.name][0], rows[key.name][1]
+        assert variable == f"`{key.env}`", key.name
+        assert default == _config_shown(key.default), (key.name, default)
+
+
+def test_the_documented_config_file_loads(tmp_path: Path) -> None:
+    from hicache.bootstrap import HiCacheConfig
+
+    text = _section("One configuration")
+    toml = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "hicache.toml").write_text(toml)
+    (tmp_path / "store.yaml").write_text("root: /tmp/hicache-docs-example\n")
+    config = HiCacheConfig.load(tmp_path / "hicache.toml", env={})
+    assert config.plan_settings().sizing.bytes_per_rank == 64 << 30  # type: ignore[union-attr]
+    assert config.storage_settings().extra_config == {"root": "/tmp/hicache-docs-example"}
+    assert config.cache_settings().writes.storage is not None

@@ -8,6 +8,10 @@
 - runtime: open_runtime / Runtime, a plan materialised into host and device pools, copies,
   streams and the transfer engine. Loaded on first use, so importing hicache.bootstrap does not
   load torch.
+- hicache_config: HiCacheConfig, one configuration for a whole cache (plan, cache, storage, copy
+  backend, runtime) from defaults, a file, a mapping and HICACHE_* variables; config_keys lists
+  its keys, config_values reads their values. Loaded on first use (it imports the engine's
+  settings).
 - cache: open_cache / CacheRuntime, the runtime + store + storage tiers + the cache face
   (HiCache). Loaded on first use, like runtime.
 """
@@ -34,6 +38,10 @@ def __getattr__(name: str) -> Any:
         from hicache.bootstrap import runtime
 
         return getattr(runtime, name)
+    if name == "HiCacheConfig":
+        from hicache.bootstrap import hicache_config
+
+        return hicache_config.HiCacheConfig
     if name in ("open_cache", "CacheRuntime"):
         from hicache.bootstrap import cache
 
@@ -43,6 +51,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CacheRuntime",
+    "HiCacheConfig",
     "Runtime",
     "bundled_models",
     "load_extra_config",

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache.bootstrap.runtime import Runtime, open_runtime
 from hicache.domain import ConfigError, HostGroupPlan, PoolName, PoolRole, StorageSettings
@@ -23,6 +23,9 @@ from hicache.engine.cache_storage import CacheStorage, TierPort
 from hicache.engine.cache_values import CacheSettings
 from hicache.engine.engine import TransferEngine
 from hicache.engine.ranks import RankAgreement
+
+if TYPE_CHECKING:
+    from hicache.bootstrap.hicache_config import HiCacheConfig
 
 
 class CacheRuntime:
@@ -169,6 +172,7 @@ def open_cache(
     rank: RankIdentity | None = None,
     ranks: RankAgreement | None = None,
     device_ownership: str = "engine",
+    config: HiCacheConfig | None = None,
     **runtime_options: Any,
 ) -> CacheRuntime:
     """Compose the cache face for ``plan``; enter the result with ``async with``.
@@ -180,9 +184,35 @@ def open_cache(
     ``open_runtime`` (backend, device_tensors, device_capacities, huge_pages, name, ...).
     With a store and no storage write policy in ``settings.writes``, write_through is used
     for storage only if ``settings`` says so: pass ``WriteSettings(storage=...)``.
+    ``config``: a HiCacheConfig that gives the settings, the store (its ``storage.*`` keys) and
+    the runtime options (device, backend, huge_pages, event_sets, device_ownership); passing
+    ``settings``, a store or one of those options as well is a ConfigError, and so is a plan
+    made with another page size or storage backend (plan with ``plan_stack(spec, config)``).
     """
     if not isinstance(plan, HostGroupPlan):
         raise ConfigError(f"open_cache needs a HostGroupPlan, got {type(plan).__name__}")
+    if config is not None:
+        from hicache.bootstrap.hicache_config import resolve_runtime_options
+
+        if settings is not None or store is not None:
+            raise ConfigError(
+                "open_cache: settings= or store= given together with config=: the config "
+                "gives both (its cache.* and storage.* keys); pass one or the other"
+            )
+        given = {"device": device, "device_ownership": device_ownership}
+        given |= {
+            k: runtime_options.pop(k)
+            for k in ("backend", "huge_pages", "event_sets")
+            if k in runtime_options
+        }
+        options = resolve_runtime_options(config, given, "open_cache")
+        config.check_plan(plan)
+        device = options.pop("device")
+        device_ownership = options.pop("device_ownership")
+        runtime_options |= options
+        settings = config.cache_settings()
+        backend = config.storage_settings()
+        store = backend if backend.backend is not None else None
     settings = settings if settings is not None else CacheSettings()
     if not isinstance(settings, CacheSettings):
         raise ConfigError(f"settings must be CacheSettings, got {type(settings).__name__}")

@@ -2,6 +2,8 @@
 
 - read_config_text: a regular file of at most MAX_CONFIG_BYTES as UTF-8 text (never a FIFO,
   device or directory; an unreadable or over-long path is a ConfigError).
+- read_mapping_file: the mapping a .json, .toml or .yaml file holds (bounded, parse errors on
+  one line).
 - load_extra_config: a JSON string, a mapping, "@path" or a Path to a .json, .toml or .yaml file.
 - storage_settings: StorageSettings from a backend name and an extra config in any of those forms.
 - bundled_models: the names of the HuggingFace configs shipped with hicache.
@@ -93,13 +95,13 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _read_file(path: Path) -> dict[str, Any]:
-    text = read_config_text(path, "extra config file")
+def read_mapping_file(path: Path, what: str = "extra config file") -> dict[str, Any]:
+    """The mapping a .json, .toml, .yaml or .yml file holds; a ConfigError names ``what``."""
+    text = read_config_text(path, what)
     suffix = path.suffix.lower()
     if suffix not in (".json", ".toml", ".yaml", ".yml"):
         raise ConfigError(
-            f"extra config file {_shown(path)} has suffix {suffix!r}: expected .json, .toml, "
-            f".yaml or .yml"
+            f"{what} {_shown(path)} has suffix {suffix!r}: expected .json, .toml, .yaml or .yml"
         )
     try:
         if suffix == ".json":
@@ -111,27 +113,23 @@ def _read_file(path: Path) -> dict[str, Any]:
 
             data = yaml.safe_load(text)
     except ConfigError as e:
-        raise ConfigError(f"cannot parse extra config file {_shown(path)}: {e}") from None
+        raise ConfigError(f"cannot parse {what} {_shown(path)}: {e}") from None
     except RecursionError:
-        raise ConfigError(f"extra config file {_shown(path)} is nested too deeply") from None
+        raise ConfigError(f"{what} {_shown(path)} is nested too deeply") from None
     except Exception as e:  # toml and yaml each raise their own parse errors
-        raise ConfigError(
-            f"cannot parse extra config file {_shown(path)}: {_one_line(e)}"
-        ) from None
+        raise ConfigError(f"cannot parse {what} {_shown(path)}: {_one_line(e)}") from None
     if not isinstance(data, dict):
-        raise ConfigError(
-            f"extra config file {_shown(path)} must hold a mapping, got {type(data).__name__}"
-        )
-    check_tree(data, f"extra config file {_shown(path)}")
+        raise ConfigError(f"{what} {_shown(path)} must hold a mapping, got {type(data).__name__}")
+    check_tree(data, f"{what} {_shown(path)}")
     return data
 
 
 def load_extra_config(value: str | os.PathLike[str] | Mapping[str, Any] | None) -> dict[str, Any]:
     """Extra config from a JSON string, a mapping, "@path" or a Path (.json, .toml, .yaml)."""
     if isinstance(value, os.PathLike):
-        return _read_file(Path(value).expanduser())
+        return read_mapping_file(Path(value).expanduser())
     if isinstance(value, str) and value.strip().startswith("@"):
-        return _read_file(Path(value.strip()[1:]).expanduser())
+        return read_mapping_file(Path(value.strip()[1:]).expanduser())
     return parse_extra_config(value)
 
 

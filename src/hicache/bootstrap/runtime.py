@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache.adapters.copy import make_transfer
 from hicache.adapters.device_pool import DeviceGroup, parse_torch_device
@@ -27,6 +27,9 @@ from hicache.domain.ports import Streams, Transfer
 from hicache.domain.slots import GroupAllocator
 from hicache.engine import TransferEngine
 from hicache.engine._scopes import innermost
+
+if TYPE_CHECKING:
+    from hicache.bootstrap.hicache_config import HiCacheConfig
 
 
 class Runtime:
@@ -138,6 +141,7 @@ def open_runtime(
     name: str = "engine",
     device_ownership: str = "engine",
     wrap_transfer: Callable[[Transfer], Transfer] | None = None,
+    config: HiCacheConfig | None = None,
 ) -> Runtime:
     """Materialise ``plan`` and wire an engine over it; enter the result with ``async with``.
 
@@ -149,9 +153,25 @@ def open_runtime(
     device pages for loads that name none) or ``"framework"`` (the serving framework's allocator
     owns every device page; loads and backups name theirs, see docs/engine.md).
     ``wrap_transfer``: a function that wraps the copy backend (a test or soak tool such as
-    ``hicache.bootstrap.faults.FaultyTransfer``). Everything built so far is closed again if a
-    step fails.
+    ``hicache.bootstrap.faults.FaultyTransfer``). ``config``: a HiCacheConfig whose
+    ``runtime.*`` and ``copy.backend`` keys give device, backend, huge_pages, event_sets and
+    device_ownership (passing one of those as well, with another value than its default, is a
+    ConfigError). Everything built so far is closed again if a step fails.
     """
+    if config is not None:
+        from hicache.bootstrap.hicache_config import resolve_runtime_options
+
+        given = {
+            "device": device,
+            "backend": backend,
+            "huge_pages": huge_pages,
+            "event_sets": event_sets,
+            "device_ownership": device_ownership,
+        }
+        options = resolve_runtime_options(config, given, "open_runtime")
+        device, backend = options["device"], options["backend"]
+        huge_pages, event_sets = options["huge_pages"], options["event_sets"]
+        device_ownership = options["device_ownership"]
     if not isinstance(plan, HostGroupPlan):
         raise ConfigError(f"open_runtime needs a HostGroupPlan, got {type(plan).__name__}")
     if not isinstance(name, str) or not name:

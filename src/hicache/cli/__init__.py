@@ -1,15 +1,20 @@
-"""The `hicache` command line: plan, bench, demo, shm.
+"""The `hicache` command line: plan, bench, demo, shm, config.
 
 Each command lives in its own module and registers a subparser through ``register(subparsers)``;
-its handler returns the exit status. Bad input (a HiCacheError) exits 2 with one line on stderr,
+its handler returns the exit status. Help: every command has a description, every option with a
+fixed set of values lists them ("one of a, b, c", or argparse's {a,b} for ``choices``), and every
+default is shown one way, "(default: X)", appended by the help formatter (a help text that
+explains its default writes "(default: ...)" itself). Bad input (a HiCacheError) exits 2 with one line on stderr,
 a runtime failure exits 1 with one line; neither prints a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from hicache.domain import HiCacheError
 
@@ -18,7 +23,30 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help when it has a default worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "(default:" in text
+            or not action.option_strings
+            or action.nargs == 0  # flags: store_true, store_const, version
+            or default is None
+            or default is argparse.SUPPRESS
+            or default == []
+        ):
+            return text
+        shown = default.value if isinstance(default, enum.Enum) else default
+        return f"{text} (default: {str(shown).replace('%', '%%')})"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         # One line, exit 2, as for every other bad input.
         sys.stderr.write(f"hicache: error: {message}\n")
@@ -26,12 +54,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hicache.cli import bench, demo, plan, shm
+    from hicache.cli import bench, config, demo, plan, shm
 
     parser = _Parser(prog="hicache", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in (plan, bench, demo, shm):
+    for module in (plan, bench, demo, shm, config):
         module.register(sub)
     return parser
 

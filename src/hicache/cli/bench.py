@@ -27,7 +27,14 @@ def register(sub: Any) -> None:
     )
 
     p = sub.add_parser(
-        "bench", help="measure copies, overlap and storage (ratios to a same-run baseline)"
+        "bench",
+        help="measure copies, overlap and storage (ratios to a same-run baseline)",
+        description=(
+            "Measurements that report ratios against a baseline timed in the same run: copy "
+            "backends, layer-wise overlap, the engine's own costs, the cache index, stores, "
+            "scaling and a fault-injecting soak. Each prints a table, or one JSON document with "
+            "--json."
+        ),
     )
     inner = p.add_subparsers(dest="bench", required=True, parser_class=type(p))
     bench_copy.register(inner)

@@ -55,16 +55,16 @@ def register(sub: Any) -> None:
             "match per page when it holds 1000 pages and --pages-max pages."
         ),
     )
-    p.add_argument("--pages-max", type=int, default=1_000_000, help="largest index (1000000)")
-    p.add_argument("--tokens", type=int, default=131072, help="request tokens (default 131072)")
-    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
+    p.add_argument("--pages-max", type=int, default=1_000_000, help="largest index")
+    p.add_argument("--tokens", type=int, default=131072, help="request tokens")
+    p.add_argument("--page-size", type=int, default=64, help="tokens per page")
     p.add_argument(
         "--request-page-sizes",
         default="1,16,64",
-        help="page sizes of the request_ms figure, comma-separated (default 1,16,64)",
+        help="page sizes of the request_ms figure, comma-separated",
     )
-    p.add_argument("--batch", type=int, default=256, help="pages per timed batch (default 256)")
-    p.add_argument("--repeats", type=int, default=15, help="rounds; medians are reported (15)")
+    p.add_argument("--batch", type=int, default=256, help="pages per timed batch")
+    p.add_argument("--repeats", type=int, default=15, help="rounds; medians are reported")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 

@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from hicache.cli._options import one_of
 from hicache.domain import ConfigError, Layout
 
 DEFAULT_PAGE_SIZES = "1,16,64,256"
@@ -30,22 +31,22 @@ def register(sub: Any) -> None:
             "load, on a synthetic 32-layer MHA bf16 pool (2 KiB per token per layer)."
         ),
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or rocm[:N]")
     p.add_argument(
         "--page-sizes",
         default=DEFAULT_PAGE_SIZES,
-        help=f"comma-separated tokens per page (default {DEFAULT_PAGE_SIZES})",
+        help="comma-separated tokens per page",
     )
     p.add_argument(
         "--layouts",
         default=DEFAULT_LAYOUTS,
-        help=f"comma-separated host layouts (default {DEFAULT_LAYOUTS})",
+        help=f"comma-separated host layouts, each {one_of(Layout)}",
     )
     p.add_argument(
         "--host-memory",
         default="anonymous",
         choices=("anonymous", "shm"),
-        help="host memory kind of the host pool (default anonymous)",
+        help="host memory kind of the host pool",
     )
     p.add_argument(
         "--repeats", type=int, default=3, help="timed runs per measurement; the median is kept"
@@ -53,15 +54,16 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--backend",
         default="auto",
-        help="hicache backend to measure: auto (the default choice), memcpy, torch, cuda_batch",
+        help="hicache backend to measure: one of auto (the measured default), naive, torch, "
+        "memcpy, cuda_batch",
     )
     p.add_argument(
         "--tokens",
         type=int,
         default=4096,
-        help="tokens moved per measurement (default 4096: 256 MiB with 32 layers)",
+        help="tokens moved per measurement (default: 4096, 256 MiB with 32 layers)",
     )
-    p.add_argument("--layers", type=int, default=32, help="layers of the pool (default 32)")
+    p.add_argument("--layers", type=int, default=32, help="layers of the pool")
     p.add_argument(
         "--huge-pages",
         action="store_true",

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from hicache.cli._logs import QuietLogs
+from hicache.cli._options import one_of
 from hicache.domain import (
     ConfigError,
     DType,
@@ -76,21 +77,21 @@ def register(sub: Any) -> None:
             "forward pass computes; report transfer, compute, serial and overlapped times."
         ),
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or rocm[:N] (default cpu)")
-    p.add_argument("--layers", type=int, default=32, help="transfer layers (default 32)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or rocm[:N]")
+    p.add_argument("--layers", type=int, default=32, help="transfer layers")
     p.add_argument(
         "--tokens",
         type=int,
         default=4096,
-        help="tokens of the loaded prefix (default 4096: 8 MiB per layer)",
+        help="tokens of the loaded prefix (default: 4096, 8 MiB per layer)",
     )
-    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
+    p.add_argument("--page-size", type=int, default=64, help="tokens per page")
     p.add_argument(
         "--layout",
         default="page_first_direct",
-        help="host layout: layer_first, page_first, page_first_direct (default, the planner's)",
+        help=f"host layout: {one_of(Layout)} (default: page_first_direct, the planner's)",
     )
-    p.add_argument("--repeats", type=int, default=11, help="rounds; medians are reported (11)")
+    p.add_argument("--repeats", type=int, default=11, help="rounds; medians are reported")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 

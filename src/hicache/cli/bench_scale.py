@@ -61,16 +61,16 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-bytes",
         default="1GiB",
-        help="largest copy, at least 16MiB (default 1GiB; the sizes are 16 MiB x 4^k)",
+        help="largest copy, at least 16MiB; the sizes are 16 MiB x 4^k",
     )
     p.add_argument(
         "--max-pages",
         type=int,
         default=100_000,
-        help="largest prefix index for the cache's match cost, at least 1000 (default 100000; "
-        "the sizes are 1000 x 10^k; `hicache bench cache` measures 10^6)",
+        help="largest prefix index for the cache's match cost, at least 1000; the sizes are "
+        "1000 x 10^k (`hicache bench cache` measures 10^6)",
     )
-    p.add_argument("--repeats", type=int, default=5, help="samples per point; medians kept (5)")
+    p.add_argument("--repeats", type=int, default=5, help="samples per point; medians kept")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 

@@ -33,11 +33,9 @@ def register(sub: Any) -> None:
             "restored byte, then leaked slots and pins (docs/bench-soak.md)."
         ),
     )
-    p.add_argument("--ops", type=int, default=10_000, help="operations (default 10000)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument(
-        "--concurrency", type=int, default=4, help="requests in flight at once (default 4)"
-    )
+    p.add_argument("--ops", type=int, default=10_000, help="operations")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight at once")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hicache.cli._options import positive_option
+from hicache.cli._options import one_of, positive_option
 from hicache.domain import Layout
 
 KEYS = (
@@ -49,23 +49,22 @@ def register(sub: Any) -> None:
         "--store",
         default="directory",
         choices=store_names(),
-        help="the store to measure (default directory)",
+        help="the store to measure",
     )
     p.add_argument(
         "--store-config",
         default=None,
         help="the store's extra config: a JSON object or @file (.json, .toml, .yaml)",
     )
-    p.add_argument("--pages", type=int, default=64, help="pages moved per round (default 64)")
-    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
-    p.add_argument("--layers", type=int, default=32, help="layers of the pool (default 32)")
+    p.add_argument("--pages", type=int, default=64, help="pages moved per round")
+    p.add_argument("--page-size", type=int, default=64, help="tokens per page")
+    p.add_argument("--layers", type=int, default=32, help="layers of the pool")
     p.add_argument(
         "--layout",
         default="page_first_direct",
-        help="host layout: layer_first, page_first, page_first_direct (default, the planner's), "
-        "page_head",
+        help=f"host layout: {one_of(Layout)} (default: page_first_direct, the planner's)",
     )
-    p.add_argument("--repeats", type=int, default=5, help="rounds; medians are reported (5)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds; medians are reported")
     p.add_argument(
         "--dir",
         default=None,

@@ -3,19 +3,25 @@
 Runs the demo workload (hicache.demo.workload: a system prompt, a multi-turn chat and a branch)
 on the demo model (full attention with an indexer, sliding window, Gated DeltaNet), checks every
 cached run against a recompute of the same prompt, and prints a summary table on stdout (progress
-on stderr) or, with ``--json``, one JSON document. The demo package imports torch, so it is
+on stderr) or, with ``--json``, one JSON document. What native libraries write to stderr
+(Mooncake's glog lines) goes to a log file (``--log-file``), or among the progress with
+``--verbose``. The demo package imports torch, so it is
 imported here only inside the command. See docs/demo.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from hicache.cli._logs import QuietLogs
+from hicache.cli._logs import NativeStderrToFile, QuietLogs
 from hicache.domain import ConfigError
 
 MAX_ABS_DIFF = 1e-5  # fp32 logits of a cached run against recompute (issue 11's target)
@@ -42,21 +48,31 @@ def register(sub: Any) -> None:
             "from storage after the host copy was evicted; the outputs are compared."
         ),
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--turns", type=int, default=3, help="chat turns after the system prompt (3)")
-    p.add_argument(
-        "--prefix-tokens", type=int, default=2048, help="system prompt tokens (default 2048)"
-    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or rocm[:N]")
+    p.add_argument("--turns", type=int, default=3, help="chat turns after the system prompt")
+    p.add_argument("--prefix-tokens", type=int, default=2048, help="system prompt tokens")
     p.add_argument(
         "--storage",
         default="directory",
         help=(
-            "storage tier: directory (default, a temporary folder removed afterwards), "
+            "storage tier: one of directory (a temporary folder removed afterwards), "
             "mooncake (a local master and storage node, started and stopped), none"
         ),
     )
     p.add_argument("--plot", metavar="PATH", help="write a PNG timeline of per-layer load/compute")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument(
+        "--log-file",
+        metavar="PATH",
+        default=None,
+        help="where the log lines of native libraries (Mooncake's client) go, kept apart from "
+        "the progress (default: hicache-demo-PID.log in the temporary folder, removed if empty)",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the native libraries' log lines among the progress instead",
+    )
     p.set_defaults(handler=run)
 
 
@@ -82,8 +98,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"hicache demo: {message}\n")
         sys.stderr.flush()
 
-    with QuietLogs():
+    log_path = Path(args.log_file) if args.log_file else _default_log()
+    native = None if args.verbose else NativeStderrToFile(log_path)
+    with native if native is not None else contextlib.nullcontext(), QuietLogs():
         result: dict[str, Any] = anyio.run(lambda: run_demo(settings, progress=progress))
+    if native is not None and native.lines_written():
+        progress(f"log lines of native libraries (Mooncake) went to {log_path}")
+    elif native is not None and args.log_file is None:
+        log_path.unlink(missing_ok=True)
     timelines = result.pop("_timelines")
     if args.plot is not None:
         from hicache.demo.plot import write_timeline
@@ -104,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
         f"{'identical' if result['tokens_identical'] else 'different'})\n"
     )
     return 1
+
+
+def _default_log() -> Path:
+    return Path(tempfile.gettempdir()) / f"hicache-demo-{os.getpid()}.log"
 
 
 def _human(r: dict[str, Any]) -> str:

@@ -7,8 +7,9 @@ import json
 import sys
 from typing import Any
 
-from hicache.bootstrap import load_model_spec, storage_settings
+from hicache.bootstrap import bundled_models, load_model_spec, storage_settings
 from hicache.cli._format import human_bytes
+from hicache.cli._options import one_of
 from hicache.domain import (
     BudgetSizing,
     ConfigError,
@@ -23,6 +24,7 @@ from hicache.domain import (
     parse_size,
     plan_stack,
 )
+from hicache.domain.host_memory import KNOWN_BACKENDS
 from hicache.domain.planner import DEFAULT_LAYOUT
 from hicache.domain.sizing import DEFAULT_RESERVE_BYTES
 
@@ -38,15 +40,16 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="path to a HuggingFace config.json (or its folder), or a bundled name",
+        help="path to a HuggingFace config.json (or its folder), or a bundled model: "
+        + ", ".join(bundled_models()),
     )
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
-    p.add_argument("--pp-size", type=int, default=1, help="pipeline-parallel size (default 1)")
-    p.add_argument("--pp-rank", type=int, default=0, help="pipeline stage to plan (default 0)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--pp-size", type=int, default=1, help="pipeline-parallel size")
+    p.add_argument("--pp-rank", type=int, default=0, help="pipeline stage to plan")
     p.add_argument(
         "--pp-split",
         default="vllm",
-        help="how --pp-size splits layers: vllm (get_pp_indices, default) or sglang",
+        help="how --pp-size splits layers: one of vllm (its get_pp_indices), sglang",
     )
     p.add_argument(
         "--pp-start",
@@ -60,25 +63,25 @@ def register(sub: Any) -> None:
         default=None,
         help="one past the stage's last layer, as the serving engine runs it (with --pp-start)",
     )
-    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
+    p.add_argument("--page-size", type=int, default=64, help="tokens per page")
     p.add_argument(
         "--layout",
         default=DEFAULT_LAYOUT.value,
-        help="host layout: layer_first, page_first, page_first_direct (default), page_head",
+        help=f"host layout: {one_of(Layout)}",
     )
     p.add_argument(
         "--pool-layout",
         action="append",
         default=[],
         metavar="POOL=LAYOUT",
-        help="layout for one pool, e.g. mamba=page_first (repeatable)",
+        help=f"layout for one pool, e.g. mamba=page_first; LAYOUT is {one_of(Layout)} (repeatable)",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument(
         "--host-ratio",
         type=float,
         default=None,
-        help="host capacity = device capacity x ratio (default 2.0)",
+        help="host capacity = device capacity x ratio (default: 2.0)",
     )
     size.add_argument(
         "--host-size", default=None, help="host byte budget per rank for all pools, e.g. 64GiB"
@@ -94,32 +97,38 @@ def register(sub: Any) -> None:
         "--device-tokens",
         type=int,
         default=65536,
-        help="anchor capacity on the device in tokens (default 65536)",
+        help="anchor capacity on the device in tokens",
     )
-    p.add_argument(
-        "--device-slots", type=int, default=256, help="state slots on the device (default 256)"
-    )
+    p.add_argument("--device-slots", type=int, default=256, help="state slots on the device")
     p.add_argument(
         "--swa-tokens",
         type=int,
         default=None,
         help="sliding-window pool tokens on the device (default: --device-tokens)",
     )
-    p.add_argument("--storage-backend", default=None, help="storage backend, e.g. shm, dynamic")
+    p.add_argument(
+        "--storage-backend",
+        default=None,
+        help=f"storage backend: {one_of(sorted(KNOWN_BACKENDS))} (default: none)",
+    )
     p.add_argument(
         "--storage-extra-config",
         default=None,
         help="backend extra config: JSON, or @file.json/.toml/.yaml",
     )
-    p.add_argument("--kv-dtype", default=None, help="KV dtype (default: the model's dtype)")
-    p.add_argument("--ssm-dtype", default="fp32", help="recurrent temporal state dtype (fp32)")
+    p.add_argument(
+        "--kv-dtype", default=None, help=f"KV dtype: {one_of(DType)} (default: the model's dtype)"
+    )
+    p.add_argument(
+        "--ssm-dtype", default="fp32", help=f"recurrent temporal state dtype: {one_of(DType)}"
+    )
     pin = p.add_mutually_exclusive_group()
     pin.add_argument(
         "--pinned",
         dest="pinned",
         action="store_const",
         const=Pinning.ON,
-        help="page-lock host memory (needs a GPU)",
+        help="page-lock host memory, needs a GPU (default: auto, only where a GPU is used)",
     )
     pin.add_argument(
         "--no-pinned",
@@ -135,13 +144,13 @@ def register(sub: Any) -> None:
         help="check the plan against this much host memory, e.g. 512GiB",
     )
     p.add_argument(
-        "--reserve", default=None, help="host memory kept free by the check (default 10GiB)"
+        "--reserve", default=None, help="host memory kept free by the check (default: 10GiB)"
     )
     p.add_argument(
         "--ranks-per-host",
         type=int,
         default=1,
-        help="ranks that share the host in the check (default 1)",
+        help="ranks that share the host in the check",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)

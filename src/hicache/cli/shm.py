@@ -26,11 +26,19 @@ def register(sub: Any) -> None:
         dest="shm_command", metavar="{list,gc}", required=True, parser_class=type(p)
     )
     ls = inner.add_parser(
-        "list", help="show segments with owner pid, alive or dead, and size in bytes"
+        "list",
+        help="show segments with owner pid, alive or dead, and size in bytes",
+        description="List hicache's shared-memory segments under /dev/shm (or $HICACHE_SHM_DIR) "
+        "with their owner's pid, whether it is alive, and their size.",
     )
     ls.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     ls.set_defaults(handler=run_list)
-    gc = inner.add_parser("gc", help="remove the segments whose owner process died")
+    gc = inner.add_parser(
+        "gc",
+        help="remove the segments whose owner process died",
+        description="Remove the hicache shared-memory segments whose owner process died, and "
+        "print what was removed.",
+    )
     gc.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     gc.set_defaults(handler=run_gc)
 

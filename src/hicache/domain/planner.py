@@ -168,7 +168,10 @@ class PlanSettings:
 
     def __attrs_post_init__(self) -> None:
         if self.pp_rank >= self.pp_size:
-            raise ConfigError(f"pp_rank must be in [0, {self.pp_size}), got {self.pp_rank}")
+            raise ConfigError(
+                f"pp_rank must be in [0, {self.pp_size}), got {self.pp_rank} (pp_size is "
+                f"{self.pp_size})"
+            )
         if (self.pp_start is None) != (self.pp_end is None):
             raise ConfigError(
                 f"pp_start and pp_end come together (the stage's [start, end)); got "
@@ -277,11 +280,21 @@ def _no_anchor(spec: ModelSpec, s: PlanSettings, start: int, end: int) -> Config
 
 
 def _settings(value: object) -> PlanSettings:
-    """PlanSettings, None (the defaults) or a mapping of PlanSettings' keyword arguments."""
+    """PlanSettings, None (the defaults), a mapping of PlanSettings' keyword arguments, or a
+    configuration object with a ``plan_settings()`` method (hicache.bootstrap.HiCacheConfig)."""
     if value is None:
         return PlanSettings()
     if isinstance(value, PlanSettings):
         return value
+    from_config = getattr(value, "plan_settings", None)
+    if callable(from_config) and not isinstance(value, Mapping):
+        settings = from_config()
+        if not isinstance(settings, PlanSettings):
+            raise ConfigError(
+                f"{type(value).__name__}.plan_settings() returned "
+                f"{type(settings).__name__}, not PlanSettings"
+            )
+        return settings
     if isinstance(value, Mapping):
         names = {str(a.alias) for a in attrs.fields(PlanSettings) if a.init}
         unknown = sorted(str(k) for k in value if k not in names)
@@ -289,7 +302,7 @@ def _settings(value: object) -> PlanSettings:
             raise ConfigError(f"unknown plan settings {unknown}: expected some of {sorted(names)}")
         return PlanSettings(**value)
     raise ConfigError(
-        f"settings must be a PlanSettings, a mapping of its fields or None, got "
+        f"settings must be a PlanSettings, a mapping of its fields, a HiCacheConfig or None, got "
         f"{type(value).__name__}"
     )
 
@@ -299,8 +312,9 @@ def plan_stack(
 ) -> HostGroupPlan:
     """The host group plan of one (tp, pp) rank of ``spec``.
 
-    ``settings``: a PlanSettings, None for the defaults, or a mapping of PlanSettings' fields
-    (``{"tp_size": 2, "layout": "page_first"}``), checked the same way.
+    ``settings``: a PlanSettings, None for the defaults, a mapping of PlanSettings' fields
+    (``{"tp_size": 2, "layout": "page_first"}``), checked the same way, or a HiCacheConfig
+    (anything with a ``plan_settings()`` method).
     """
     _check_spec(spec)
     s = _settings(settings)
