@@ -31,6 +31,16 @@ KEYS = (
 )
 
 
+FOOTER = (
+    "tokens: prompt length; hit: prompt tokens restored from the cache instead of computed.",
+    "recompute / host hit / storage hit ms: time to first token computing the whole prompt /",
+    "  restoring the hit from host memory / from the store (its prefetch included).",
+    "max |diff|: largest logit difference from recompute (0 = identical); tokens: same greedy",
+    "  tokens as recompute. exposed fraction: share of the copy time the model sat waiting for",
+    "  it (0 = compute hid every copy, 1 = none). See docs/demo.md.",
+)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
@@ -55,7 +65,12 @@ def register(sub: Any) -> None:
             "mooncake (a local master and storage node, started and stopped), none"
         ),
     )
-    p.add_argument("--plot", metavar="PATH", help="write a PNG timeline of per-layer load/compute")
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG timeline: per request, host and storage hit, each layer's load, wait "
+        "and compute (needs matplotlib)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -136,5 +151,7 @@ def _human(r: dict[str, Any]) -> str:
         f"max |logit diff| {r['max_abs_diff']:.2e} (target <= 1e-5), greedy tokens "
         f"{'identical' if r['tokens_identical'] else 'DIFFER'}; exposed fraction "
         f"{r['exposed_fraction']:.3f} of the load's copy time",
+        "",
+        *FOOTER,
     ]
     return "\n".join(lines) + "\n"
