@@ -105,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
 
         write_timeline(timelines, args.plot)
         progress(f"timeline written to {args.plot}")
+        if args.device != "cpu":
+            progress(
+                f"note: on {args.device} the timeline's times are the CPU's (kernel launches and "
+                f"stream waits return at once), not the GPU's; see docs/demo.md"
+            )
     if args.json:
         extra = {"storage": result["storage"], "runs": result["runs"]}
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS} | extra))
