@@ -88,6 +88,7 @@ def test_summary_table_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert "branch" in out
     assert "greedy tokens identical" in out
     assert "storage hit n/a (--storage none)" in out
+    assert "exposed fraction: share of the copy time the model sat waiting" in out
 
 
 @pytest.mark.parametrize(
@@ -206,3 +207,11 @@ def test_a_cached_run_that_differs_exits_1(
         "hicache: error: a cached run differed from its recompute "
         "(max |logit diff| 0.25, greedy tokens different)"
     )
+
+
+def test_the_table_footer_is_the_one_docs_demo_md_shows() -> None:
+    from hicache.cli.demo import FOOTER
+
+    doc = (SRC.parent / "docs" / "demo.md").read_text(encoding="utf-8")
+    assert "\n".join(FOOTER) in doc
+    assert "exposed fraction" in FOOTER[-3] + FOOTER[-2]

@@ -25,7 +25,7 @@ def test_the_async_integration_example_round_trips_framework_owned_pages(
 ) -> None:
     doc = ROOT / "docs" / "integration.md"
     blocks = _python_blocks(doc)
-    assert len(blocks) == 2, "docs/integration.md lost its async or sync example"
+    assert len(blocks) == 3, "docs/integration.md lost its async, sync or cache-face example"
     ns = _run(doc, blocks[0])
     stats = ns["stats"]
     assert isinstance(stats, dict)
@@ -40,6 +40,15 @@ def test_the_sync_integration_example_merges_and_closes_the_runtime() -> None:
     ns = _run(doc, _python_blocks(doc)[1])
     assert ns["rt"].closed is True  # type: ignore[attr-defined]
     assert ns["result"] == [[True, True, True]]
+
+
+def test_the_cache_face_integration_example_restores_into_framework_pages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = ROOT / "docs" / "integration.md"
+    ns = _run(doc, _python_blocks(doc)[2])
+    assert ns["result"] == {"restored": True, "evicted": 6, "free": 58}
+    assert "'restored': True" in capsys.readouterr().out
 
 
 def test_the_readme_quick_start_runs() -> None:

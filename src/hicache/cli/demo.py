@@ -37,6 +37,16 @@ KEYS = (
 )
 
 
+FOOTER = (
+    "tokens: prompt length; hit: prompt tokens restored from the cache instead of computed.",
+    "recompute / host hit / storage hit ms: time to first token computing the whole prompt /",
+    "  restoring the hit from host memory / from the store (its prefetch included).",
+    "max |diff|: largest logit difference from recompute (0 = identical); tokens: same greedy",
+    "  tokens as recompute. exposed fraction: share of the copy time the model sat waiting for",
+    "  it (0 = compute hid every copy, 1 = none). See docs/demo.md.",
+)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
@@ -59,7 +69,12 @@ def register(sub: Any) -> None:
             "mooncake (a local master and storage node, started and stopped), none"
         ),
     )
-    p.add_argument("--plot", metavar="PATH", help="write a PNG timeline of per-layer load/compute")
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG timeline: per request, host and storage hit, each layer's load, wait "
+        "and compute (needs matplotlib)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument(
         "--log-file",
@@ -112,6 +127,11 @@ def run(args: argparse.Namespace) -> int:
 
         write_timeline(timelines, args.plot)
         progress(f"timeline written to {args.plot}")
+        if args.device != "cpu":
+            progress(
+                f"note: on {args.device} the timeline's times are the CPU's (kernel launches and "
+                f"stream waits return at once), not the GPU's; see docs/demo.md"
+            )
     if args.json:
         extra = {"storage": result["storage"], "runs": result["runs"]}
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS} | extra))
@@ -162,5 +182,7 @@ def _human(r: dict[str, Any]) -> str:
         f"max |logit diff| {r['max_abs_diff']:.2e} (target <= 1e-5), greedy tokens "
         f"{'identical' if r['tokens_identical'] else 'DIFFER'}; exposed fraction "
         f"{r['exposed_fraction']:.3f} of the load's copy time",
+        "",
+        *FOOTER,
     ]
     return "\n".join(lines) + "\n"

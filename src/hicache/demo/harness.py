@@ -117,6 +117,7 @@ async def run_cached(
     insert: bool = True,
     times: LayerTimes | None = None,
     loaded: list[tuple[int, float]] | None = None,
+    marks: dict[str, float] | None = None,
 ) -> tuple[RunResult, LoadFigures]:
     """Serve ``prompt`` from the cache: prefetch (storage -> host) if asked, match, load layer
     by layer, prefill the rest with per-layer waits, decode; insert what it computed.
@@ -124,7 +125,8 @@ async def run_cached(
     TTFT runs from the prefetch (or the match) to the first token. ``tamper`` runs after the
     load finished and before the suffix (tests corrupt a cache there). ``times`` receives the
     forward pass's (layer, wait start, wait end, compute end) and ``loaded`` each layer's
-    (layer, time its load was complete), in seconds since the match.
+    (layer, time its load was complete), in seconds since the match; ``marks["begun"]`` the
+    time ``begin`` returned (match, device pages allocated, load submitted).
     """
     computed = len(prompt) + decode_steps
     t0 = time.perf_counter()
@@ -132,6 +134,8 @@ async def run_cached(
         await server.prefetch(prompt)
     t_match = time.perf_counter()
     req = await server.begin(prompt, computed)
+    if marks is not None:
+        marks["begun"] = time.perf_counter() - t_match
     watcher: threading.Thread | None = None
     ready: list[tuple[int, float]] = []
     if loaded is not None and req.load.handle is not None:

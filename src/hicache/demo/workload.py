@@ -37,7 +37,7 @@ from hicache.demo.harness import (
     run_cached,
     run_recompute,
 )
-from hicache.demo.model import HybridConfig, HybridLM, LayerTimes
+from hicache.demo.model import HybridConfig, HybridLM, LayerKind, LayerTimes
 from hicache.domain import ConfigError
 from hicache.domain.storage import Store
 
@@ -88,8 +88,7 @@ class TurnResult:
     max_abs_diff: float
     tokens_identical: bool
     loads: tuple[LoadFigures, ...]
-    times: tuple[tuple[int, float, float, float], ...]
-    loaded: tuple[tuple[int, float], ...]
+    timelines: tuple[dict[str, Any], ...]  # per cached run, for --plot (see _timeline)
 
     def as_json(self) -> dict[str, Any]:
         copy = sum(f.copy_s for f in self.loads)
@@ -169,6 +168,31 @@ async def run_demo(
         torch.set_num_threads(threads)
 
 
+KIND_LABELS = {LayerKind.FULL: "full", LayerKind.SLIDING: "sliding", LayerKind.DELTANET: "state"}
+
+
+def _timeline(
+    label: str,
+    run: tuple[RunResult, LoadFigures],
+    times: LayerTimes,
+    loaded: Seq[tuple[int, float]],
+    marks: dict[str, float],
+) -> dict[str, Any]:
+    """One cached run for the --plot timeline: times in seconds since its match (``layers``:
+    (layer, wait start, wait end, compute end); ``loaded``: (layer, its load complete);
+    ``begun``: the match and the load call returned), the prefetch before the match and the
+    time to first token since the request began."""
+    result, figures = run
+    return {
+        "label": label,
+        "prefetch_s": figures.prefetch_s,
+        "ttft_s": result.ttft_s,
+        "begun_s": marks["begun"],
+        "layers": tuple(times),
+        "loaded": tuple(loaded),
+    }
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1e3, 3)
 
@@ -211,8 +235,10 @@ async def _run(
             prompt = [*conversation, *user] if chat else [*system, *user]
             reference = run_recompute(server, prompt, compare_from=0, decode_steps=steps)
             runs: list[tuple[RunResult, LoadFigures]] = []
+            timelines: list[dict[str, Any]] = []
             times: LayerTimes = []
             loaded: list[tuple[int, float]] = []
+            marks: dict[str, float] = {}
             # The recompute left this prompt's K/V and state in device pages a load may get:
             # evict_to scribbles over the device, so a cached run reads only what it restored.
             await evict_to(server, "host")
@@ -230,13 +256,25 @@ async def _run(
                     insert=store is None,
                     times=times,
                     loaded=loaded,
+                    marks=marks,
                 )
             )
+            timelines.append(_timeline("host hit", runs[-1], times, loaded, marks))
             if store is not None:
                 await evict_to(server, "storage")
+                times, loaded, marks = [], [], {}
                 runs.append(
-                    await run_cached(server, prompt, decode_steps=steps, prefetch=True)
+                    await run_cached(
+                        server,
+                        prompt,
+                        decode_steps=steps,
+                        prefetch=True,
+                        times=times,
+                        loaded=loaded,
+                        marks=marks,
+                    )
                 )
+                timelines.append(_timeline("storage hit", runs[-1], times, loaded, marks))
             await server.cache.wait_idle()
             hit = runs[0][0].hit
             worst, same = 0.0, True
@@ -259,8 +297,7 @@ async def _run(
                 max_abs_diff=worst,
                 tokens_identical=same,
                 loads=tuple(f for _, f in runs),
-                times=tuple(times),
-                loaded=tuple(loaded),
+                timelines=tuple(timelines),
             )
             results.append(r)
             storage = (
@@ -288,7 +325,12 @@ async def _run(
         "exposed_fraction": _exposed([f for r in results for f in r.loads]),
         "runs": [r.as_json() for r in results],
         "_timelines": [
-            {"name": r.name, "layers": r.times, "loaded": r.loaded} for r in results
+            {
+                "name": r.name,
+                "kinds": [KIND_LABELS[k] for k in cfg.pattern],
+                "runs": list(r.timelines),
+            }
+            for r in results
         ],
     }
 
