@@ -10,7 +10,7 @@ from hicache.domain import CacheStateError, ConfigError, PoolName
 from hicache.domain.hybrid import GroupRules, PoolRule, Restore
 from hicache.domain.keys import chain_keys
 from hicache.domain.prefix_index import PrefixIndex
-from hicache.domain.tiers import Actions, Tier, WritePolicy, WriteSettings
+from hicache.domain.tiers import Actions, PerTier, Tier, WritePolicy, WriteSettings
 
 KV, IDX, MAMBA = PoolName.KV, PoolName.INDEXER, PoolName.MAMBA
 D, H, S = Tier.DEVICE, Tier.HOST, Tier.STORAGE
@@ -65,7 +65,7 @@ def test_lru_evicts_the_least_recently_matched_prefix_tail_first() -> None:
     assert freed(first) == [pb[2][KV]]  # b's last page goes first
     assert freed(idx.evict(D, 2)) == [pb[1][KV], pb[0][KV]]
     assert idx.match(a).device_pages == 3
-    assert idx.statistics().evictions == (3, 0, 0)
+    assert idx.statistics().evictions == PerTier(device=3)
     idx.validate()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from typing import Any
 
@@ -56,6 +57,14 @@ def register(sub: Any) -> None:
         ),
     )
     p.add_argument("--plot", metavar="PATH", help="write a PNG timeline of per-layer load/compute")
+    p.add_argument(
+        "--metrics",
+        metavar="PATH",
+        help=(
+            "write a Prometheus scrape of the demo's cache after the run to PATH (text format; "
+            "needs hicache[metrics]); see docs/metrics.md"
+        ),
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -66,9 +75,17 @@ def run(args: argparse.Namespace) -> int:
             f"--plot {args.plot}: needs matplotlib, which is not installed "
             f"(pip install 'hicache[plot]')"
         )
+    if args.metrics is not None and importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError(
+            f"--metrics {args.metrics}: needs prometheus-client, which is not installed "
+            f"(pip install 'hicache[metrics]')"
+        )
+    if args.metrics is not None and not os.path.isdir(os.path.dirname(args.metrics) or "."):
+        raise ConfigError(f"--metrics {args.metrics}: its folder does not exist")
     import anyio
 
     from hicache.demo.workload import DemoSettings, run_demo
+    from hicache.metrics import HiCacheMetrics
 
     settings = DemoSettings(
         device=args.device,
@@ -82,16 +99,32 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"hicache demo: {message}\n")
         sys.stderr.flush()
 
+    metrics = HiCacheMetrics() if args.metrics is not None else None
     with QuietLogs():
-        result: dict[str, Any] = anyio.run(lambda: run_demo(settings, progress=progress))
+        result: dict[str, Any] = anyio.run(
+            lambda: run_demo(settings, progress=progress, metrics=metrics)
+        )
     timelines = result.pop("_timelines")
+    if metrics is not None:
+        from hicache.metrics.prometheus import exposition
+
+        try:
+            with open(args.metrics, "w", encoding="utf-8") as out:
+                out.write(exposition(metrics))
+        except OSError as exc:
+            raise ConfigError(f"--metrics {args.metrics}: cannot write it ({exc})") from exc
+        progress(f"metrics written to {args.metrics}")
     if args.plot is not None:
         from hicache.demo.plot import write_timeline
 
         write_timeline(timelines, args.plot)
         progress(f"timeline written to {args.plot}")
     if args.json:
-        extra = {"storage": result["storage"], "runs": result["runs"]}
+        extra = {
+            "storage": result["storage"],
+            "served_tokens": result["served_tokens"],
+            "runs": result["runs"],
+        }
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS} | extra))
         sys.stdout.write("\n")
     else:
@@ -136,5 +169,7 @@ def _human(r: dict[str, Any]) -> str:
         f"max |logit diff| {r['max_abs_diff']:.2e} (target <= 1e-5), greedy tokens "
         f"{'identical' if r['tokens_identical'] else 'DIFFER'}; exposed fraction "
         f"{r['exposed_fraction']:.3f} of the load's copy time",
+        "tokens served by the cache per tier (all matches, prefetches' included): "
+        + ", ".join(f"{t} {n}" for t, n in r["served_tokens"].items()),
     ]
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from hicache.domain.errors import CacheStateError
 from hicache.domain.lru import TickLru
 from hicache.domain.pools import PoolName
-from hicache.domain.tiers import IndexStats, OpKind, Placement, Ticket, Tier
+from hicache.domain.tiers import IndexStats, OpKind, PerTier, Placement, Ticket, Tier
 
 _TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
 
@@ -55,10 +55,10 @@ def count_pages(
             pinned[t] += p.pins[t] > 0
     return IndexStats(
         pages=total,
-        on_tier=(on[0], on[1], on[2]),
-        pinned=(pinned[0], pinned[1], pinned[2]),
+        on_tier=PerTier.from_counts(on),
+        pinned=PerTier.from_counts(pinned),
         in_flight=tickets,
-        evictions=(evictions[0], evictions[1], evictions[2]),
+        evictions=PerTier.from_counts(evictions),
     )
 
 

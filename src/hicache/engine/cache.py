@@ -37,7 +37,7 @@ from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
-from hicache.domain.tiers import Tier
+from hicache.domain.tiers import PerTier, Tier
 from hicache.engine._ops import wait_until
 from hicache.engine.cache_hit import HitRules, find_hit
 from hicache.engine.cache_insert import insert_placements
@@ -146,7 +146,7 @@ class HiCache:
             self.work.tg = None
             self._state = "closed"
             self._drain_orphans()
-            log.info("cache_closed", **self.statistics().as_json()["index"])  # type: ignore[arg-type]
+            log.info("cache_closed", **self.index.statistics().as_dict())
 
     def _check_open(self, what: str) -> None:
         if self._state != "open":
@@ -299,8 +299,10 @@ class HiCache:
         return CacheStatistics(
             matches=c["matches"],
             matched_tokens=c["matched_tokens"],
-            hit_tokens=(c["hit_tokens_0"], c["hit_tokens_1"], c["hit_tokens_2"]),
-            hit_requests=(c["hit_requests_0"], c["hit_requests_1"], c["hit_requests_2"]),
+            matched_pages=c["matched_pages"],
+            hit_tokens=_per_tier(c, "hit_tokens"),
+            hit_pages=_per_tier(c, "hit_pages"),
+            hit_requests=_per_tier(c, "hit_requests"),
             inserts=c["inserts"],
             inserted_pages=c["inserted_pages"],
             loads=c["loads"],
@@ -325,6 +327,10 @@ class HiCache:
 
     def __repr__(self) -> str:
         return f"<HiCache {self._state}: {self.index!r}>"
+
+
+def _per_tier(c: Counters, name: str) -> PerTier:
+    return PerTier(device=c[f"{name}_device"], host=c[f"{name}_host"], storage=c[f"{name}_storage"])
 
 
 __all__ = ["HiCache"]
