@@ -198,7 +198,7 @@ def test_two_caches_in_one_registry_are_told_apart_by_their_name_and_a_name_is_u
             metrics.add_cache(b.cache, name="rank1")
             with pytest.raises(ConfigError, match="name 'rank1' is taken"):
                 metrics.add_cache(b.cache, name="rank1")
-            with pytest.raises(ConfigError, match="cache must be a HiCache, got str"):
+            with pytest.raises(ConfigError, match="cache must be a HiCache or SyncCache, got str"):
                 metrics.add_cache("rank2", name="rank2")  # type: ignore[arg-type]
             async with await a.cache.match(list(range(3 * PAGE))):
                 pass
@@ -223,3 +223,30 @@ def test_the_collector_reads_at_scrape_time_without_counting_twice(tmp_path: Pat
     second = samples(generate_latest(registry).decode())
     assert first == second
     assert torch is not None  # the cache ran on torch tensors (adapters), the metrics never did
+
+
+def test_a_synchronous_face_is_scraped_over_http_while_it_serves() -> None:
+    from hicache.engine import open_sync
+    from hicache.engine.cache_sync import open_sync_cache
+
+    plan = plan_stack(
+        load_model_spec("llama-3.1-8b-instruct"),
+        PlanSettings(tp_size=8, device_tokens=1024, page_size=PAGE),
+    )
+    rt = open_cache(plan)  # not entered: the sync face runs it
+    metrics = HiCacheMetrics()
+    prompt = list(range(4 * PAGE + 1))
+    with open_sync(rt.engine) as sync, open_sync_cache(sync, rt.cache) as cache:
+        metrics.add_cache(cache, name="sync")
+        pages = rt.runtime.device_slots.allocate({KV: 4}).pages[KV]
+        cache.insert(prompt, {KV: pages})
+        cache.call(rt.cache.wait_idle)
+        cache.evict(Tier.DEVICE, 4)
+        match = cache.match(prompt)
+        with serve(metrics, 0) as server, urllib.request.urlopen(server.url, timeout=10) as r:
+            scrape = samples(r.read().decode())
+        cache.release(match)
+    rt.close()
+    assert match.host_pages == 4
+    assert value(scrape, "hicache_hit_tokens_total", cache="sync", tier="host") == 4 * PAGE
+    assert value(scrape, "hicache_pinned_pages", cache="sync", tier="host") == 4  # held by it

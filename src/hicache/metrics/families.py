@@ -32,6 +32,7 @@ from hicache.engine.histogram import HistogramSnapshot
 
 if TYPE_CHECKING:
     from hicache.engine.cache import HiCache
+    from hicache.engine.cache_sync import SyncCache
 
 KINDS = ("counter", "gauge", "histogram")
 TIERS = tuple(t.name.lower() for t in Tier)
@@ -143,7 +144,7 @@ class CacheSource:
         ):
             f.add("hicache_backups", "counter", "device -> host backups (pages)", n,
                   outcome=outcome)
-        f.add("hicache_prefetches", "counter", "calls of prefetch that read", s.prefetches)
+        f.add("hicache_prefetches", "counter", "prefetches started (not skipped)", s.prefetches)
         f.add("hicache_prefetched_pages", "counter", "pages read storage -> host",
               s.prefetched_pages)
         f.add("hicache_stored_pages", "counter", "pages written host -> storage", s.stored_pages)
@@ -262,13 +263,18 @@ class HiCacheMetrics:
         self._sources: list[MetricsSource] = []
         self._lock = threading.Lock()
 
-    def add_cache(self, cache: HiCache, *, name: str = "cache") -> CacheSource:
-        """Export ``cache`` (its face, engine, host slots and storage tiers) with
-        ``cache=name``; names must differ between caches (e.g. ``rank0``, ``rank1``)."""
+    def add_cache(self, cache: HiCache | SyncCache, *, name: str = "cache") -> CacheSource:
+        """Export ``cache`` (a HiCache or a SyncCache: its face, engine, host slots and storage
+        tiers) with ``cache=name``; names must differ between caches (``rank0``, ``rank1``)."""
         from hicache.engine.cache import HiCache
+        from hicache.engine.cache_sync import SyncCache
 
+        if isinstance(cache, SyncCache):
+            cache = cache.cache  # read directly: statistics are safe from the scrape thread
         if not isinstance(cache, HiCache):
-            raise ConfigError(f"add_cache: cache must be a HiCache, got {type(cache).__name__}")
+            raise ConfigError(
+                f"add_cache: cache must be a HiCache or SyncCache, got {type(cache).__name__}"
+            )
         source = CacheSource(cache, name=name)
         with self._lock:
             taken = [s.name for s in self._sources if isinstance(s, CacheSource)]
