@@ -23,7 +23,7 @@ from hicache.bootstrap import load_model_spec
 from hicache.bootstrap.cache import open_cache
 from hicache.domain import ConfigError, PlanSettings, PoolName, Tier, WriteSettings, plan_stack
 from hicache.engine.cache_values import CacheSettings
-from hicache.metrics import HiCacheMetrics
+from hicache.metrics import HiCacheMetrics, IntegrationCounters
 from hicache.metrics.prometheus import exposition, register, serve
 
 KV = PoolName.KV
@@ -250,3 +250,32 @@ def test_a_synchronous_face_is_scraped_over_http_while_it_serves() -> None:
     assert match.host_pages == 4
     assert value(scrape, "hicache_hit_tokens_total", cache="sync", tier="host") == 4 * PAGE
     assert value(scrape, "hicache_pinned_pages", cache="sync", tier="host") == 4  # held by it
+
+
+def test_registering_twice_is_refused_and_serving_a_registry_that_holds_them_adds_nothing(
+    registry: CollectorRegistry,
+) -> None:
+    metrics = HiCacheMetrics()
+    vllm = IntegrationCounters("vllm")
+    vllm.count_lookup(tokens=8, hit_tokens={})
+    metrics.add_source(vllm)
+    register(metrics, registry)
+    with pytest.raises(ConfigError, match="already in this registry"):
+        register(metrics, registry)
+    # the framework's registry served from one port: its metric and hicache's, each once
+    with (
+        serve(metrics, 0, registry=registry) as server,
+        urllib.request.urlopen(server.url, timeout=10) as r,
+    ):
+        text = r.read().decode()
+    assert text.count('hicache_integration_lookups_total{source="vllm"} 1.0') == 1
+    assert "framework_requests_total 3.0" in text
+    auto = CollectorRegistry(auto_describe=True)  # as prometheus_client's global REGISTRY
+    first, second = HiCacheMetrics(), HiCacheMetrics()
+    first.add_source(IntegrationCounters("a"))
+    second.add_source(IntegrationCounters("b"))
+    register(first, auto)
+    with pytest.raises(ConfigError, match="put every cache in one HiCacheMetrics"):
+        register(second, auto)
+    with pytest.raises(ConfigError, match="registry must be a CollectorRegistry, got dict"):
+        register(metrics, {})  # type: ignore[arg-type]

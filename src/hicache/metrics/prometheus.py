@@ -20,6 +20,8 @@ See docs/metrics.md.
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from collections.abc import Iterator
 from types import TracebackType
 
@@ -91,14 +93,43 @@ class PrometheusCollector(Collector):
             yield _metric(fam)
 
 
-def register(metrics: HiCacheMetrics, registry: CollectorRegistry | None = None) -> Collector:
-    """Add ``metrics`` to ``registry`` (default: prometheus_client's global REGISTRY); returns
-    the collector (``registry.unregister(it)`` removes it)."""
-    collector = PrometheusCollector(metrics)
+# The HiCacheMetrics each registry holds (a second register of the same ones would serve every
+# sample twice: a plain CollectorRegistry does not check a collector without describe()).
+_registered: weakref.WeakKeyDictionary[CollectorRegistry, list[HiCacheMetrics]] = (
+    weakref.WeakKeyDictionary()
+)
+_lock = threading.Lock()
+
+
+def _registry(registry: object) -> CollectorRegistry:
     target = REGISTRY if registry is None else registry
     if not isinstance(target, CollectorRegistry):
         raise ConfigError(f"registry must be a CollectorRegistry, got {type(target).__name__}")
-    target.register(collector)
+    return target
+
+
+def _holds(registry: CollectorRegistry, metrics: HiCacheMetrics) -> bool:
+    with _lock:
+        return any(m is metrics for m in _registered.get(registry, ()))
+
+
+def register(metrics: HiCacheMetrics, registry: CollectorRegistry | None = None) -> Collector:
+    """Add ``metrics`` to ``registry`` (default: prometheus_client's global REGISTRY); returns
+    the collector (``registry.unregister(it)`` removes it). The same HiCacheMetrics twice in
+    one registry, or metric names the registry already has, is a ConfigError."""
+    collector = PrometheusCollector(metrics)
+    target = _registry(registry)
+    if _holds(target, metrics):
+        raise ConfigError("register: these HiCacheMetrics are already in this registry")
+    try:
+        target.register(collector)
+    except ValueError as exc:  # the registry found metric names it already has
+        raise ConfigError(
+            f"register: the registry refused hicache's metrics ({exc}); put every cache in one "
+            f"HiCacheMetrics (add_cache with different names)"
+        ) from exc
+    with _lock:
+        _registered.setdefault(target, []).append(metrics)
     return collector
 
 
@@ -148,13 +179,15 @@ def serve(
 ) -> MetricsServer:
     """Serve ``metrics`` on ``addr:port`` (loopback by default; ``0.0.0.0`` exposes it to the
     network) from a daemon thread. ``registry``: serve this registry (hicache's collector is
-    added to it); default a new registry holding only hicache's metrics."""
+    added to it unless ``register`` put it there already); default a new registry holding only
+    hicache's metrics."""
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ConfigError(f"serve: port must be an integer in 0..65535 (0: a free one), got {port!r}")
     if not isinstance(addr, str) or not addr:
         raise ConfigError(f"serve: addr must be an address to listen on, got {addr!r}")
-    target = CollectorRegistry() if registry is None else registry
-    register(metrics, target)
+    target = CollectorRegistry() if registry is None else _registry(registry)
+    if not _holds(target, metrics):
+        register(metrics, target)
     return MetricsServer(port, addr, target)
 
 
