@@ -46,6 +46,12 @@ def value(scrape: Samples, name: str, **labels: str) -> float:
     return scrape[(name, tuple(sorted(labels.items())))]
 
 
+def total(scrape: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples that carry ``labels`` (whatever their other labels)."""
+    want = set(labels.items())
+    return sum(v for (n, labs), v in scrape.items() if n == name and want <= set(labs))
+
+
 async def _run_hits(root: str, metrics: HiCacheMetrics, registry: CollectorRegistry) -> Any:
     """A miss, a host hit, a storage hit (prefetch, then the host hit it made); returns the
     tally of what the matches served, the statistics, and a scrape taken while the cache is
@@ -126,10 +132,13 @@ def test_a_scrape_in_the_frameworks_registry_shows_every_tiers_hits_and_misses(
     assert value(scrape, "hicache_miss_tokens_total", cache="rank0", tier="storage") == (
         asked - sum(served.values())
     )
-    assert value(scrape, "hicache_loaded_bytes_total", cache="rank0") == stats.bytes_loaded > 0
-    assert value(scrape, "hicache_stored_bytes_total", cache="rank0") == stats.bytes_stored > 0
-    backed_up = value(scrape, "hicache_backed_up_bytes_total", cache="rank0")
-    assert backed_up == stats.bytes_backed_up > 0
+    # bytes per pool (this plan has one pool, kv), summing to the face's totals
+    for name, want in (
+        ("loaded", stats.bytes_loaded), ("backed_up", stats.bytes_backed_up),
+        ("prefetched", stats.bytes_prefetched), ("stored", stats.bytes_stored),
+    ):
+        got = value(scrape, f"hicache_{name}_bytes_total", cache="rank0", pool="kv")
+        assert got == total(scrape, f"hicache_{name}_bytes_total", cache="rank0") == want > 0
     for tier in ("device", "host"):
         assert value(scrape, "hicache_evicted_pages_total", cache="rank0", tier=tier) == (
             getattr(stats.evictions, tier)

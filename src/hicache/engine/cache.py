@@ -292,7 +292,7 @@ class HiCache:
 
     # ---- statistics --------------------------------------------------------------------------
     def statistics(self) -> CacheStatistics:
-        c = self.counters
+        c = _Snapshot(self.counters.snapshot())
         idx = self.index.statistics()
         storage = self.storage.statistics() if self.storage is not None else None
         breaker = self.storage.breaker if self.storage is not None else "none"
@@ -319,6 +319,7 @@ class HiCache:
             bytes_backed_up=c["bytes_backed_up"],
             bytes_prefetched=c["bytes_prefetched"],
             bytes_stored=c["bytes_stored"],
+            bytes_by_pool=c.by_pool("bytes_"),
             evictions=idx.evictions,
             breaker=breaker,
             storage=storage,
@@ -329,7 +330,23 @@ class HiCache:
         return f"<HiCache {self._state}: {self.index!r}>"
 
 
-def _per_tier(c: Counters, name: str) -> PerTier:
+class _Snapshot(dict[str, int]):
+    """The face's counters at one moment (missing: 0)."""
+
+    def __missing__(self, name: str) -> int:
+        return 0
+
+    def by_pool(self, prefix: str) -> dict[str, dict[str, int]]:
+        """``{"loaded": {"kv": ..}, ...}`` from the counters named ``<prefix><what>:<pool>``."""
+        out: dict[str, dict[str, int]] = {}
+        for name, n in self.items():
+            if name.startswith(prefix) and ":" in name:
+                what, pool = name[len(prefix):].split(":", 1)
+                out.setdefault(what, {})[pool] = n
+        return out
+
+
+def _per_tier(c: _Snapshot, name: str) -> PerTier:
     return PerTier(device=c[f"{name}_device"], host=c[f"{name}_host"], storage=c[f"{name}_storage"])
 
 

@@ -132,6 +132,9 @@ class CacheStatistics:
     looked for there and did not find there or above: the device misses are everything asked
     beyond the device hit, the host misses what the host did not add, the storage misses what
     no tier held (what the framework recomputes). So ``hit(t) + miss(t) == miss(t - 1)``.
+    ``bytes_by_pool``: the ``bytes_*`` figures per pool, ``{"loaded": {"kv": .., "indexer":
+    ..}, "backed_up": .., "prefetched": .., "stored": ..}`` (a sidecar's bytes under its own
+    name; each direction sums to its total).
     """
 
     matches: int
@@ -156,6 +159,7 @@ class CacheStatistics:
     bytes_backed_up: int
     bytes_prefetched: int
     bytes_stored: int
+    bytes_by_pool: Mapping[str, Mapping[str, int]]
     evictions: PerTier
     breaker: str
     storage: StorageTierStatistics | None
@@ -176,6 +180,7 @@ class CacheStatistics:
         for f in attrs.fields(CacheStatistics):
             value = getattr(self, f.name)
             out[f.name] = value.as_dict() if isinstance(value, PerTier) else value
+        out["bytes_by_pool"] = {k: dict(v) for k, v in self.bytes_by_pool.items()}
         out["miss_tokens"] = self.miss_tokens.as_dict()
         out["miss_pages"] = self.miss_pages.as_dict()
         out["index"] = self.index.as_dict()

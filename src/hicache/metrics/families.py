@@ -108,6 +108,7 @@ class CacheSource:
         _check_label("name", name)
         self.cache = cache
         self.name = name
+        self.pools = tuple(p.name.value for p in cache.plan.pools)
 
     def metric_families(self) -> list[Family]:
         f = FamilyBuilder({"cache": self.name})
@@ -150,12 +151,13 @@ class CacheSource:
         f.add("hicache_stored_pages", "counter", "pages written host -> storage", s.stored_pages)
         f.add("hicache_store_failures", "counter", "pages not written to storage and prefetch "
               "batches cut short", s.store_failures)
-        for name, n in (
-            ("loaded", s.bytes_loaded), ("backed_up", s.bytes_backed_up),
-            ("prefetched", s.bytes_prefetched), ("stored", s.bytes_stored),
-        ):
-            f.add(f"hicache_{name}_bytes", "counter", f"bytes {name.replace('_', ' ')} "
-                  f"({_DIRECTION[name]})", n)
+        for name in ("loaded", "backed_up", "prefetched", "stored"):
+            per_pool = dict(s.bytes_by_pool.get(name, {}))
+            for pool in self.pools:
+                per_pool.setdefault(pool, 0)
+            for pool, n in sorted(per_pool.items()):
+                f.add(f"hicache_{name}_bytes", "counter", f"bytes {name.replace('_', ' ')} "
+                      f"({_DIRECTION[name]}), per pool", n, pool=pool)
         f.per_tier("hicache_evicted_pages", "pages evicted from the tier", s.evictions)
         f.per_tier("hicache_pages", "pages the index holds on the tier (occupancy; a page on two "
                    "tiers counts on both)", s.index.on_tier, kind="gauge")
