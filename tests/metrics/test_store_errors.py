@@ -47,7 +47,7 @@ def test_a_store_answering_fatal_shows_its_errors_by_status_and_an_open_breaker(
 
     text, st = anyio.run(run)
     scrape = samples(text)
-    lab = {"cache": "r0", "pool": "kv", "store": store_name(st)}
+    lab = {"cache": "r0", "pool": "kv", "store": "faulty-directory"}  # FaultyStore's name
     errors = value(scrape, "hicache_store_errors_total", **lab, status="fatal")
     assert errors == st.statuses["fatal"] > 0  # type: ignore[attr-defined]
     assert value(scrape, "hicache_breaker_state", **lab, state="open") == 1
@@ -55,9 +55,3 @@ def test_a_store_answering_fatal_shows_its_errors_by_status_and_an_open_breaker(
     refused = value(scrape, "hicache_store_refused_calls_total", **lab)
     assert refused == st.refused_calls > 0  # type: ignore[attr-defined]
     assert value(scrape, "hicache_store_pages_total", **lab, operation="write", outcome="ok") == 0
-
-
-def store_name(_st: object) -> str:
-    return FaultyStore(
-        DirectoryStore(DirectorySettings(root=".")), Faults(seed=0), StoreFaultRates()
-    ).name

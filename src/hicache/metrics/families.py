@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
+from hicache.domain.breaker import BreakerState
 from hicache.domain.errors import ConfigError
 from hicache.domain.tiers import PerTier, Tier
 from hicache.engine.histogram import HistogramSnapshot
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 KINDS = ("counter", "gauge", "histogram")
 TIERS = tuple(t.name.lower() for t in Tier)
-BREAKER_STATES = ("closed", "open", "half_open")
+BREAKER_STATES = tuple(s.value for s in BreakerState)
 
 Value = float | int | HistogramSnapshot
 
