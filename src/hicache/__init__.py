@@ -8,12 +8,13 @@ Everything a serving loop needs comes from here (``from hicache import open_cach
   ``RankIdentity``;
 - the cache face: ``open_cache``, ``CacheRuntime``, ``HiCache``, ``CacheSettings``,
   ``CacheMatch``, ``CacheLoad``, ``InsertResult``, ``EvictResult``, ``PrefetchResult``,
-  ``CacheStatistics``, ``SyncCache``, ``open_sync_cache``;
+  ``PrefetchSkip``, ``CacheStatistics``, ``SyncCache``, ``open_sync_cache``;
 - the engine: ``open_runtime``, ``Runtime``, ``TransferEngine``, ``LoadHandle``,
   ``BackupHandle``, ``OperationState``, ``SyncEngine``, ``open_sync``, ``CpuFence``;
 - storage: ``DirectoryStore``, ``DirectorySettings``, ``open_store``, ``open_named_store``,
   ``register_store_factory``, ``StorageTierSettings``, ``PrefetchPolicy``;
-- TP ranks: ``RankAgreement``, ``SingleProcess``;
+- TP ranks: ``RankAgreement``, ``SingleProcess``, ``TorchRankAgreement`` (torch.distributed);
+- configuration and metrics: ``HiCacheConfig``, ``HiCacheMetrics``, ``PerTier``;
 - errors: ``HiCacheError`` and every error under it.
 
 The deep paths (``hicache.domain``, ``hicache.engine``, ``hicache.bootstrap``,
@@ -59,12 +60,15 @@ from hicache.domain import (
     plan_stack,
 )
 from hicache.domain.pins import PinnedPageError
+from hicache.domain.tiers import PerTier
 
 if TYPE_CHECKING:
     from hicache.adapters.storage import DirectorySettings, DirectoryStore
     from hicache.adapters.streams import CpuFence
+    from hicache.adapters.tp_agreement import TorchRankAgreement
     from hicache.bootstrap.cache import CacheRuntime, open_cache
     from hicache.bootstrap.config import bundled_models, load_model_spec
+    from hicache.bootstrap.hicache_config import HiCacheConfig
     from hicache.bootstrap.runtime import Runtime, open_runtime
     from hicache.bootstrap.storage import open_named_store, open_store, register_store_factory
     from hicache.engine import (
@@ -81,6 +85,7 @@ if TYPE_CHECKING:
         OperationState,
         PrefetchPolicy,
         PrefetchResult,
+        PrefetchSkip,
         RankAgreement,
         SingleProcess,
         StorageTierSettings,
@@ -91,6 +96,7 @@ if TYPE_CHECKING:
         open_sync,
         open_sync_cache,
     )
+    from hicache.metrics import HiCacheMetrics
 
 __version__ = "0.1.0"
 
@@ -99,6 +105,9 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("DirectorySettings", "DirectoryStore"), "hicache.adapters.storage"),
     "CpuFence": "hicache.adapters.streams",
+    "TorchRankAgreement": "hicache.adapters.tp_agreement",
+    "HiCacheConfig": "hicache.bootstrap.hicache_config",
+    "HiCacheMetrics": "hicache.metrics",
     **dict.fromkeys(("CacheRuntime", "open_cache"), "hicache.bootstrap.cache"),
     **dict.fromkeys(("bundled_models", "load_model_spec"), "hicache.bootstrap.config"),
     **dict.fromkeys(("Runtime", "open_runtime"), "hicache.bootstrap.runtime"),
@@ -120,6 +129,7 @@ _LAZY: dict[str, str] = {
             "OperationState",
             "PrefetchPolicy",
             "PrefetchResult",
+            "PrefetchSkip",
             "RankAgreement",
             "SingleProcess",
             "StorageTierSettings",
@@ -170,7 +180,9 @@ __all__ = [
     "ForeignIndexError",
     "GroupError",
     "HiCache",
+    "HiCacheConfig",
     "HiCacheError",
+    "HiCacheMetrics",
     "HostGroupPlan",
     "HostMemoryError",
     "InsertResult",
@@ -180,12 +192,14 @@ __all__ = [
     "ModelSpec",
     "OperationState",
     "OutOfSlotsError",
+    "PerTier",
     "PinnedMemoryError",
     "PinnedPageError",
     "PlanSettings",
     "PoolName",
     "PrefetchPolicy",
     "PrefetchResult",
+    "PrefetchSkip",
     "RankAgreement",
     "RankIdentity",
     "Runtime",
@@ -199,6 +213,7 @@ __all__ = [
     "SyncCacheLoad",
     "SyncEngine",
     "Tier",
+    "TorchRankAgreement",
     "TransferEngine",
     "TransferError",
     "UnsupportedModelError",

@@ -176,7 +176,9 @@ def test_a_cached_run_that_differs_exits_1(
 ) -> None:
     import hicache.demo.workload as workload
 
-    async def differing(settings: object, *, progress: object) -> dict[str, object]:
+    async def differing(
+        settings: object, *, progress: object, metrics: object = None
+    ) -> dict[str, object]:
         run = {
             "name": "turn 1",
             "prompt_tokens": 200,
@@ -192,6 +194,7 @@ def test_a_cached_run_that_differs_exits_1(
             "storage": "none",
             "ttft_ms": {"recompute": 10.0, "host_hit": 2.0, "storage_hit": None},
             "hit_tokens": 128,
+            "served_tokens": {"device": 0, "host": 128, "storage": 0},
             "max_abs_diff": 0.25,
             "tokens_identical": False,
             "exposed_fraction": 0.0,

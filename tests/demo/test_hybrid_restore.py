@@ -57,7 +57,7 @@ async def test_a_storage_hit_after_the_host_copy_was_evicted_matches_recompute()
                 assert result.cached.hit == 384
                 assert result.load.prefetch_s > 0
                 assert stats.prefetched_pages > 0  # it came back from the store
-                assert stats.evictions[1] > 0  # after the host copy was evicted
+                assert stats.evictions.host > 0  # after the host copy was evicted
         finally:
             store.close()
 

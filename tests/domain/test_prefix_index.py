@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import sys
+import threading
 
 import pytest
 
@@ -10,7 +12,7 @@ from hicache.domain import CacheStateError, ConfigError, PoolName
 from hicache.domain.hybrid import GroupRules, PoolRule, Restore
 from hicache.domain.keys import chain_keys
 from hicache.domain.prefix_index import PrefixIndex
-from hicache.domain.tiers import Actions, Tier, WritePolicy, WriteSettings
+from hicache.domain.tiers import Actions, PerTier, Tier, WritePolicy, WriteSettings
 
 KV, IDX, MAMBA = PoolName.KV, PoolName.INDEXER, PoolName.MAMBA
 D, H, S = Tier.DEVICE, Tier.HOST, Tier.STORAGE
@@ -65,7 +67,7 @@ def test_lru_evicts_the_least_recently_matched_prefix_tail_first() -> None:
     assert freed(first) == [pb[2][KV]]  # b's last page goes first
     assert freed(idx.evict(D, 2)) == [pb[1][KV], pb[0][KV]]
     assert idx.match(a).device_pages == 3
-    assert idx.statistics().evictions == (3, 0, 0)
+    assert idx.statistics().evictions == PerTier(device=3)
     idx.validate()
 
 
@@ -321,3 +323,38 @@ def test_a_destination_with_pools_the_source_lacks_is_refused_whole() -> None:
     with pytest.raises(ConfigError, match="non-negative integers"):
         idx.insert(a, [{KV: -1}, {KV: 2}])
     idx.validate()
+
+
+def test_statistics_from_another_thread_while_the_index_changes_never_break_the_count() -> None:
+    """A metrics scrape reads ``statistics()`` from its own thread while the event loop inserts
+    and drops pages: the records are copied in one step, so the dict may change size under it."""
+    idx = index(host="write_back")
+    for i in range(2000):  # enough records that counting them spans thread switches
+        idx.insert(keys(1, base=100_000 + 4 * i), at(1))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    counts: list[int] = []
+
+    def scrape() -> None:
+        try:
+            while not stop.is_set():
+                counts.append(idx.statistics().pages)
+        except BaseException as e:  # a RuntimeError here is the bug
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=scrape)
+    t.start()
+    try:
+        for i in range(3000):
+            k = keys(1, base=4 * i)
+            idx.insert(k, at(1))
+            idx.drop(D, k)
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]
+    assert counts
+    assert all(2000 <= n <= 2001 for n in counts)

@@ -18,7 +18,7 @@ from hicache.bootstrap import load_model_spec
 from hicache.bootstrap.cache import CacheRuntime
 from hicache.domain import HostGroupPlan, PlanSettings, PoolName, PoolRole, plan_stack
 from hicache.domain.hybrid import Restore
-from hicache.domain.tiers import Tier
+from hicache.domain.tiers import PerTier
 from hicache.engine.cache import HiCache
 from hicache.engine.cache_values import CacheSettings
 
@@ -161,13 +161,13 @@ def assert_clean(cache: HiCache) -> None:
     the allocator gave out is one the index holds (nothing leaked)."""
     cache.index.validate()
     stats = cache.index.statistics()
-    assert stats.pinned == (0, 0, 0), stats
+    assert stats.pinned == PerTier(), stats
     assert stats.in_flight == 0, stats
     assert len(cache.engine.host_pins) == 0
     assert len(cache.engine.device_pins) == 0
     host = cache.engine.host_slots
     anchor = cache.rules.anchor
-    assert host.allocator(anchor).used_count() == stats.on_tier[Tier.HOST]
+    assert host.allocator(anchor).used_count() == stats.on_tier.host
 
 
 async def restore(rt: CacheRuntime, req: Request, pages: int) -> None:

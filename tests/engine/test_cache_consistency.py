@@ -19,7 +19,7 @@ from hicache.domain import (
     TransferError,
 )
 from hicache.domain.hybrid import CheckpointPolicy
-from hicache.domain.tiers import Tier, WriteSettings
+from hicache.domain.tiers import PerTier, Tier, WriteSettings
 from hicache.engine.cache import HiCache
 from hicache.engine.cache_values import CacheSettings
 from tests.engine.fakes import Rig
@@ -65,16 +65,16 @@ async def _cached(rig: Rig, cache: HiCache, pages: int, *, first: int = 0,
 def _clean(rig: Rig, cache: HiCache) -> None:
     cache.index.validate()
     s = cache.index.statistics()
-    assert s.pinned == (0, 0, 0), s
+    assert s.pinned == PerTier(), s
     assert s.in_flight == 0, s
     # every host page the allocator gave out is one the index holds
-    on_host = s.on_tier[1]
+    on_host = s.on_tier.host
     used = {n: rig.host_slots.allocator(n).pages - f for n, f in rig.host_slots.free_counts().items()}
     assert used[KV] == on_host
     dev_used = {
         n: rig.device_slots.allocator(n).pages - f for n, f in rig.device_slots.free_counts().items()
     }
-    assert dev_used[KV] == s.on_tier[0]
+    assert dev_used[KV] == s.on_tier.device
     rig.assert_no_leaks(host_used=used, device_used=dev_used)
 
 
@@ -168,7 +168,7 @@ async def test_a_dropped_match_is_released_at_the_next_call() -> None:
     async with rig.engine, HiCache(rig.engine) as cache:
         tokens = await _cached(rig, cache, 2)
         match = await cache.match(tokens)
-        assert cache.index.statistics().pinned[1] == 2
+        assert cache.index.statistics().pinned.host == 2
         del match
         gc.collect()
         (await cache.match([])).release()

@@ -121,7 +121,7 @@ def _consistent(rig: Rig, cache: HiCache, pages: int) -> None:
     """Index invariants, no pins or tickets, the anchor's host pages all still there, and every
     MAMBA host slot given out is one the index holds."""
     _clean(rig, cache)
-    assert cache.index.statistics().on_tier[1] == pages
+    assert cache.index.statistics().on_tier.host == pages
     on = sum(
         MAMBA in (cache.index.placement(Tier.HOST, k) or {})
         for k in list(cache.index._pages)  # every page the index knows

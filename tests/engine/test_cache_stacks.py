@@ -38,7 +38,7 @@ async def test_a_prefix_comes_back_byte_exact_from_host(name: str) -> None:
         assert req.check_restored(match.placements(), pages) >= pages
         match.release()
         assert_clean(cache)
-        assert cache.statistics().hit_tokens[1] == pages * cache.page_size
+        assert cache.statistics().hit_tokens.host == pages * cache.page_size
     assert rt.closed
 
 

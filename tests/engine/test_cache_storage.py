@@ -19,7 +19,7 @@ from hicache.bootstrap.cache import open_cache
 from hicache.domain import PoolName
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import PageBuffer, StoreStatus
-from hicache.domain.tiers import Tier, WriteSettings
+from hicache.domain.tiers import PerTier, Tier, WriteSettings
 from hicache.engine.cache import HiCache
 from hicache.engine.cache_storage import CacheStorage
 from hicache.engine.cache_values import CacheSettings
@@ -118,9 +118,9 @@ async def _stored(rig: Rig, cache: HiCache, pages: int) -> list[int]:
 def _clean(rig: Rig, cache: HiCache) -> None:
     cache.index.validate()
     s = cache.index.statistics()
-    assert s.pinned == (0, 0, 0)
+    assert s.pinned == PerTier()
     assert s.in_flight == 0
-    rig.assert_no_leaks(host_used={KV: s.on_tier[1]}, device_used={KV: s.on_tier[0]})
+    rig.assert_no_leaks(host_used={KV: s.on_tier.host}, device_used={KV: s.on_tier.device})
 
 
 @pytest.mark.asyncio
@@ -212,13 +212,13 @@ async def test_write_back_evictions_wait_for_their_copies_down_each_tier() -> No
         got = rig.device_slots.allocate({KV: 2}).pages
         await cache.insert(tokens, {KV: list(got[KV])})
         await cache.wait_idle()
-        assert cache.index.statistics().on_tier == (2, 0, 0)  # nothing copied down yet
+        assert cache.index.statistics().on_tier == PerTier(device=2)  # nothing copied down yet
         freed = await cache.evict(Tier.DEVICE, 2)
         assert sorted(freed.freed[KV]) == sorted(got[KV])  # after the backup finished
-        assert cache.index.statistics().on_tier == (0, 2, 0)
+        assert cache.index.statistics().on_tier == PerTier(host=2)
         assert store.calls["put"] == 0
         await cache.evict(Tier.HOST, 2)
-        assert cache.index.statistics().on_tier == (0, 0, 2)
+        assert cache.index.statistics().on_tier == PerTier(storage=2)
         assert len(store.objects) == 2
         _clean(rig, cache)
         assert (await cache.prefetch(tokens)).read == 2
@@ -235,7 +235,7 @@ async def test_host_pages_of_a_store_call_that_overran_are_held_until_the_store_
         got = await cache.prefetch(tokens, deadline=time.monotonic() + 0.05)
         assert got.read < 4
         s = cache.index.statistics()
-        held = rig.host_slots.allocator(KV).used_count() - s.on_tier[1]
+        held = rig.host_slots.allocator(KV).used_count() - s.on_tier.host
         assert held == 4 - got.read  # the failed reads' host pages are not reused yet
         store.slow(0.0)
         store.unhealthy = None

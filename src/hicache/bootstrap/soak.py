@@ -310,7 +310,7 @@ class _Soak:
                 leaked += abs(slots.allocator(pool).used_count() - len(held[pool]))
         stats = cache.index.statistics()
         engine = rt.runtime.engine
-        pins = sum(stats.pinned) + stats.in_flight + len(engine.host_pins) + len(engine.device_pins)
+        pins = stats.pinned.total + stats.in_flight + len(engine.host_pins) + len(engine.device_pins)
         return leaked, pins
 
 

@@ -75,6 +75,14 @@ def register(sub: Any) -> None:
         help="write a PNG timeline: per request, host and storage hit, each layer's load, wait "
         "and compute (needs matplotlib)",
     )
+    p.add_argument(
+        "--metrics",
+        metavar="PATH",
+        help=(
+            "write a Prometheus scrape of the demo's cache after the run to PATH (text format; "
+            "needs hicache[metrics]); see docs/metrics.md"
+        ),
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument(
         "--log-file",
@@ -97,9 +105,17 @@ def run(args: argparse.Namespace) -> int:
             f"--plot {args.plot}: needs matplotlib, which is not installed "
             f"(pip install 'hicache[plot]')"
         )
+    if args.metrics is not None and importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError(
+            f"--metrics {args.metrics}: needs prometheus-client, which is not installed "
+            f"(pip install 'hicache[metrics]')"
+        )
+    if args.metrics is not None and not os.path.isdir(os.path.dirname(args.metrics) or "."):
+        raise ConfigError(f"--metrics {args.metrics}: its folder does not exist")
     import anyio
 
     from hicache.demo.workload import DemoSettings, run_demo
+    from hicache.metrics import HiCacheMetrics
 
     settings = DemoSettings(
         device=args.device,
@@ -115,13 +131,25 @@ def run(args: argparse.Namespace) -> int:
 
     log_path = Path(args.log_file) if args.log_file else _default_log()
     native = None if args.verbose else NativeStderrToFile(log_path)
+    metrics = HiCacheMetrics() if args.metrics is not None else None
     with native if native is not None else contextlib.nullcontext(), QuietLogs():
-        result: dict[str, Any] = anyio.run(lambda: run_demo(settings, progress=progress))
+        result: dict[str, Any] = anyio.run(
+            lambda: run_demo(settings, progress=progress, metrics=metrics)
+        )
     if native is not None and native.lines_written():
         progress(f"log lines of native libraries (Mooncake) went to {log_path}")
     elif native is not None and args.log_file is None:
         log_path.unlink(missing_ok=True)
     timelines = result.pop("_timelines")
+    if metrics is not None:
+        from hicache.metrics.prometheus import exposition
+
+        try:
+            with open(args.metrics, "w", encoding="utf-8") as out:
+                out.write(exposition(metrics))
+        except OSError as exc:
+            raise ConfigError(f"--metrics {args.metrics}: cannot write it ({exc})") from exc
+        progress(f"metrics written to {args.metrics}")
     if args.plot is not None:
         from hicache.demo.plot import write_timeline
 
@@ -133,7 +161,11 @@ def run(args: argparse.Namespace) -> int:
                 f"stream waits return at once), not the GPU's; see docs/demo.md"
             )
     if args.json:
-        extra = {"storage": result["storage"], "runs": result["runs"]}
+        extra = {
+            "storage": result["storage"],
+            "served_tokens": result["served_tokens"],
+            "runs": result["runs"],
+        }
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS} | extra))
         sys.stdout.write("\n")
     else:
@@ -182,6 +214,8 @@ def _human(r: dict[str, Any]) -> str:
         f"max |logit diff| {r['max_abs_diff']:.2e} (target <= 1e-5), greedy tokens "
         f"{'identical' if r['tokens_identical'] else 'DIFFER'}; exposed fraction "
         f"{r['exposed_fraction']:.3f} of the load's copy time",
+        "tokens served by the cache per tier (all matches, prefetches' included): "
+        + ", ".join(f"{t} {n}" for t, n in r["served_tokens"].items()),
         "",
         *FOOTER,
     ]

@@ -15,7 +15,8 @@
   device pages, ``begin`` a request (match, allocate the load's device pages, load layer by
   layer), ``prefill`` with per-layer waits and state checkpoints at the face's boundaries,
   ``finish`` it (insert what it computed, free what stays the framework's, release the match)
-  or ``abort`` it (cancel the load, free everything of its own), evict tiers, prefetch.
+  or ``abort`` it (cancel the load, free everything of its own), evict tiers, prefetch; it
+  tallies the tokens its matches served per tier (``served``: device, host, storage).
 
 It uses hicache's public API only: the domain's plan values, ``open_cache`` (device pools,
 slot allocator, the cache face) and the face's calls. The framework owns its device pages
@@ -203,6 +204,9 @@ class DemoServer:
             },
         )
         self._live: set[int] = set()
+        # What the framework saw its matches serve, per tier (tokens): the demo reports it, and
+        # a metrics scrape of the cache must show the same (docs/metrics.md).
+        self.served = [0, 0, 0]
 
     # -- pages ---------------------------------------------------------------------------------
 
@@ -253,7 +257,7 @@ class DemoServer:
         is cached on the device): a restore must then bring every byte it needs back."""
         if self._live:
             raise ConfigError(f"{len(self._live)} sequences are live; scribbling would corrupt them")
-        on_device = self.cache.statistics().index.on_tier[0]
+        on_device = self.cache.index.statistics().on_tier.device
         if on_device:
             raise ConfigError(
                 f"{on_device} pages are cached on the device; evict them before scribbling"
@@ -310,7 +314,7 @@ class DemoServer:
         """Match ``tokens`` (at least one token is left to compute), load the hit into device
         pages of the framework's, and set up the sequence and the state checkpoints of the
         ``computed`` positions this request will run (the face's CheckpointPolicy boundaries)."""
-        match = await self.cache.match(list(tokens[: len(tokens) - 1]))
+        match = await self._match(tokens)
         own: dict[PoolName, list[int]] = {}
         load_pages: PageSet = {}
         load: CacheLoad | None = None
@@ -405,7 +409,7 @@ class DemoServer:
     async def evict_all(self, tier: Tier) -> int:
         """Evict every unpinned page of ``tier``; device pages come back to the framework."""
         await self.cache.wait_idle()
-        pages = self.cache.statistics().index.on_tier[0 if tier is Tier.DEVICE else 1]
+        pages = self.cache.index.statistics().on_tier.of(tier)
         result = await self.cache.evict(tier, max(pages, 1))
         if tier is Tier.DEVICE:
             self.free_pages(result.freed)
@@ -417,9 +421,17 @@ class DemoServer:
         on host already); pages read."""
         return await self.prefetch(tokens)
 
+    async def _match(self, tokens: Seq[int]) -> CacheMatch:
+        """Match all but the last token (one is left to compute); tally the tiers it hit."""
+        m = await self.cache.match(list(tokens[: len(tokens) - 1]))
+        self.served[0] += m.device_tokens
+        self.served[1] += m.host_tokens - m.device_tokens
+        self.served[2] += m.storage_tokens - m.host_tokens
+        return m
+
     async def prefetch(self, tokens: Seq[int]) -> int:
         """Storage -> host for ``tokens``' stored pages past the host hit; pages read."""
-        async with await self.cache.match(list(tokens[: len(tokens) - 1])) as m:
+        async with await self._match(tokens) as m:
             if m.storage_pages <= m.host_pages:
                 return 0
             result = await self.cache.prefetch(m)

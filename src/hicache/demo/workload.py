@@ -8,7 +8,9 @@
 - run_demo: cache the system prompt, then for every turn (and a branch off the system prompt)
   run a recompute, a host hit (device evicted) and, with a store, a storage hit (device and host
   evicted: prefetch, then load) of the same prompt; compare each with the recompute; insert the
-  conversation's new pages for the next turn. Returns the JSON document.
+  conversation's new pages for the next turn. Returns the JSON document (with
+  ``served_tokens``: what the matches served per tier, as the framework saw them). A
+  HiCacheMetrics passed in exports the demo's cache (``hicache demo --metrics``).
 
 Tokens are random ids from a seeded generator (the model is untrained; what matters is that a
 cached run is identical to recompute and faster).
@@ -40,6 +42,7 @@ from hicache.demo.harness import (
 from hicache.demo.model import HybridConfig, HybridLM, LayerKind, LayerTimes
 from hicache.domain import ConfigError
 from hicache.domain.storage import Store
+from hicache.metrics import HiCacheMetrics
 
 STORAGE_CHOICES = ("none", "directory", "mooncake")
 
@@ -154,16 +157,21 @@ def _plan_sizes(s: DemoSettings) -> tuple[int, int]:
 
 
 async def run_demo(
-    settings: DemoSettings, *, progress: Callable[[str], None] = lambda _m: None
+    settings: DemoSettings,
+    *,
+    progress: Callable[[str], None] = lambda _m: None,
+    metrics: HiCacheMetrics | None = None,
 ) -> dict[str, Any]:
-    """Run the workload; returns the document ``hicache demo --json`` prints."""
+    """Run the workload; returns the document ``hicache demo --json`` prints. With ``metrics``,
+    the demo's cache is added to it (``cache="demo"``) for the run, so a scrape (during or
+    after it) reads the cache's statistics."""
     settings.check()
     threads = torch.get_num_threads()
     if settings.device == "cpu":
         torch.set_num_threads(1)  # one core computes, the engine's copy worker takes the other
     try:
         with open_demo_store(settings.storage) as store:
-            return await _run(settings, store, progress)
+            return await _run(settings, store, progress, metrics)
     finally:
         torch.set_num_threads(threads)
 
@@ -198,7 +206,10 @@ def _ms(seconds: float) -> float:
 
 
 async def _run(
-    settings: DemoSettings, store: Store | None, progress: Callable[[str], None]
+    settings: DemoSettings,
+    store: Store | None,
+    progress: Callable[[str], None],
+    metrics: HiCacheMetrics | None,
 ) -> dict[str, Any]:
     cfg = HybridConfig()
     device_pages, host_pages = _plan_sizes(settings)
@@ -224,6 +235,8 @@ async def _run(
         device_ownership="framework",
     )
     async with crt:
+        if metrics is not None:
+            metrics.add_cache(crt.cache, name="demo")
         server = DemoServer(crt, HybridLM(cfg, device=str(crt.runtime.device.device)))
         where = "host and storage" if store is not None else "host"
         progress(f"system prompt: {len(system)} tokens, prefill and insert (to {where})")
@@ -320,6 +333,7 @@ async def _run(
             "storage_hit": round(statistics.median(storage_ms), 3) if storage_ms else None,
         },
         "hit_tokens": sum(r.hit_tokens for r in results),
+        "served_tokens": dict(zip(("device", "host", "storage"), server.served, strict=True)),
         "max_abs_diff": max(r.max_abs_diff for r in results),
         "tokens_identical": all(r.tokens_identical for r in results),
         "exposed_fraction": _exposed([f for r in results for f in r.loads]),

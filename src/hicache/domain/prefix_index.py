@@ -65,8 +65,8 @@ class PrefixIndex(IndexTransfers):
     def __repr__(self) -> str:
         s = self.statistics()
         return (
-            f"<PrefixIndex {s.pages} pages: device {s.on_tier[0]}, host {s.on_tier[1]}, "
-            f"storage {s.on_tier[2]}; {s.in_flight} transfers in flight>"
+            f"<PrefixIndex {s.pages} pages: device {s.on_tier.device}, host {s.on_tier.host}, "
+            f"storage {s.on_tier.storage}; {s.in_flight} transfers in flight>"
         )
 
     def placement(self, tier: Tier, key: bytes) -> Placement | None:
@@ -263,8 +263,10 @@ class PrefixIndex(IndexTransfers):
     # ---- inspection ----------------------------------------------------------------------------
 
     def statistics(self) -> IndexStats:
+        """A snapshot; safe from another thread (a metrics scrape): the records are copied in
+        one step first, so a concurrent insert or drop cannot break the iteration."""
         return count_pages(
-            self._pages.values(), tickets=len(self._tickets), evictions=self._evictions
+            tuple(self._pages.values()), tickets=len(self._tickets), evictions=self._evictions
         )
 
     def validate(self) -> None:

@@ -13,13 +13,15 @@
 - Actions: what a call asks the caller to do (backups, stores, frees) and how many pages an
   eviction took.
 - Match: device, host and storage hit lengths at the hybrid-consistent boundary.
+- PerTier: one figure per tier, by name (``device``, ``host``, ``storage``); statistics use it
+  instead of positional tuples.
 - IndexStats: a frozen snapshot of the index's counters.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -194,11 +196,54 @@ class Match:
 
 
 @attrs.frozen(kw_only=True)
+class PerTier:
+    """One figure per tier, by name: ``stats.hit_tokens.host``, not ``stats.hit_tokens[1]``.
+
+    ``of(tier)`` reads the figure of a ``Tier``; ``as_dict()`` gives ``{"device": .., "host":
+    .., "storage": ..}`` for JSON; ``total`` is the sum.
+    """
+
+    device: int = 0
+    host: int = 0
+    storage: int = 0
+
+    @classmethod
+    def from_counts(cls, counts: Sequence[int]) -> PerTier:
+        """From three counts in tier order (device, host, storage)."""
+        if len(counts) != len(Tier):
+            raise ConfigError(f"PerTier: expected 3 counts (device, host, storage), got {counts!r}")
+        return cls(device=counts[0], host=counts[1], storage=counts[2])
+
+    def of(self, tier: Tier) -> int:
+        if not isinstance(tier, Tier):
+            raise ConfigError(f"PerTier.of: tier must be a Tier, got {tier!r}")
+        return int(getattr(self, tier.name.lower()))
+
+    @property
+    def total(self) -> int:
+        return self.device + self.host + self.storage
+
+    def as_dict(self) -> dict[str, int]:
+        return {"device": self.device, "host": self.host, "storage": self.storage}
+
+
+@attrs.frozen(kw_only=True)
 class IndexStats:
-    """Counters of a prefix index at one moment."""
+    """Counters of a prefix index at one moment: pages on each tier (a page on two tiers counts
+    on both), pages pinned on each tier, transfers in flight, pages evicted from each tier."""
 
     pages: int
-    on_tier: tuple[int, int, int]
-    pinned: tuple[int, int, int]
+    on_tier: PerTier
+    pinned: PerTier
     in_flight: int
-    evictions: tuple[int, int, int]
+    evictions: PerTier
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain values for JSON: the per-tier figures as ``{"device": .., ...}``."""
+        return {
+            "pages": self.pages,
+            "on_tier": self.on_tier.as_dict(),
+            "pinned": self.pinned.as_dict(),
+            "in_flight": self.in_flight,
+            "evictions": self.evictions.as_dict(),
+        }

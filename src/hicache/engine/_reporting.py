@@ -1,7 +1,8 @@
 """What the engine reports (private): its statistics, its summary, the forward pass's waits.
 
 - Reporting: the part of TransferEngine that answers ``statistics()`` (counts, bytes, copy and
-  exposed-wait time, operations queued and in flight, event-set reuse), the summary logged at
+  exposed-wait time, operations queued and in flight, event-set reuse, the histograms of load
+  latency and of each forward-pass wait), the summary logged at
   close, and ``note_wait`` (called from forward-pass threads, under a lock).
 """
 
@@ -11,6 +12,7 @@ import threading
 from typing import Any
 
 from hicache.engine._ops import Batch, EventSets, Op
+from hicache.engine.histogram import Histogram
 from hicache.engine.stats import EngineStatistics, OperationState
 
 
@@ -22,6 +24,8 @@ class Reporting:
     _queued: list[Op]
     _wait_lock: threading.Lock
     _waited_s: float
+    _load_seconds: Histogram
+    _wait_seconds: Histogram
     _load_copy_s: float
     _backup_copy_s: float
     _event_sets: EventSets
@@ -56,6 +60,8 @@ class Reporting:
             in_flight=in_flight,
             event_sets_created=self._event_sets.created,
             event_sets_reused=self._event_sets.reused,
+            load_seconds=self._load_seconds.snapshot(),
+            wait_seconds=self._wait_seconds.snapshot(),
         )
 
     def _summary(self) -> dict[str, Any]:
@@ -73,3 +79,4 @@ class Reporting:
         with self._wait_lock:
             self._waited_s += seconds
             self._counts["layer_waits"] += 1
+        self._wait_seconds.observe(seconds)

@@ -24,6 +24,7 @@ from hicache.domain.pools import PoolName
 from hicache.domain.ports import IdleSignal, Streams
 from hicache.domain.slots import GroupAllocator
 from hicache.engine._ops import POLL_MAX_S, POLL_MIN_S, Batch, EventSets, Op, OpKind, wait_until
+from hicache.engine.histogram import Histogram
 from hicache.engine.logs import get_logger
 from hicache.engine.stats import OperationState
 
@@ -43,6 +44,7 @@ class Settling:
     _name: str
     _life: _Life
     _counts: dict[str, int]
+    _load_seconds: Histogram
     _ledger: Ledger
     _running: list[Batch]
     _queued: list[Op]
@@ -215,6 +217,8 @@ class Settling:
         self._apply(actions)
         kind = "loads" if op.kind is OpKind.LOAD else "backups"
         self._counts[f"{kind}_failed" if failed else kind] += 1
+        if op.kind is OpKind.LOAD and not failed:
+            self._load_seconds.observe(op.t_finished - op.t_prepared)
         if failed:
             log.warning(
                 f"{op.kind.value}_failed",

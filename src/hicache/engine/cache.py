@@ -37,7 +37,7 @@ from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
-from hicache.domain.tiers import Tier
+from hicache.domain.tiers import PerTier, Tier
 from hicache.engine import cache_args
 from hicache.engine._ops import wait_until
 from hicache.engine._scopes import innermost
@@ -169,7 +169,7 @@ class HiCache:
             self.work.tg = None
             self._state = "closed"
             self._drain_orphans()
-            log.info("cache_closed", **self.statistics().as_json()["index"])  # type: ignore[arg-type]
+            log.info("cache_closed", **self.index.statistics().as_dict())
             await self._leave_group()  # not under a shield: that scope would be the innermost
 
     async def _leave_group(self) -> None:
@@ -364,15 +364,17 @@ class HiCache:
 
     # ---- statistics --------------------------------------------------------------------------
     def statistics(self) -> CacheStatistics:
-        c = self.counters
+        c = _Snapshot(self.counters.snapshot())
         idx = self.index.statistics()
         storage = self.storage.statistics() if self.storage is not None else None
         breaker = self.storage.breaker if self.storage is not None else "none"
         return CacheStatistics(
             matches=c["matches"],
             matched_tokens=c["matched_tokens"],
-            hit_tokens=(c["hit_tokens_0"], c["hit_tokens_1"], c["hit_tokens_2"]),
-            hit_requests=(c["hit_requests_0"], c["hit_requests_1"], c["hit_requests_2"]),
+            matched_pages=c["matched_pages"],
+            hit_tokens=_per_tier(c, "hit_tokens"),
+            hit_pages=_per_tier(c, "hit_pages"),
+            hit_requests=_per_tier(c, "hit_requests"),
             inserts=c["inserts"],
             inserted_pages=c["inserted_pages"],
             loads=c["loads"],
@@ -389,6 +391,7 @@ class HiCache:
             bytes_backed_up=c["bytes_backed_up"],
             bytes_prefetched=c["bytes_prefetched"],
             bytes_stored=c["bytes_stored"],
+            bytes_by_pool=c.by_pool("bytes_"),
             evictions=idx.evictions,
             breaker=breaker,
             storage=storage,
@@ -397,6 +400,26 @@ class HiCache:
 
     def __repr__(self) -> str:
         return f"<HiCache {self._state}: {self.index!r}>"
+
+
+class _Snapshot(dict[str, int]):
+    """The face's counters at one moment (missing: 0)."""
+
+    def __missing__(self, name: str) -> int:
+        return 0
+
+    def by_pool(self, prefix: str) -> dict[str, dict[str, int]]:
+        """``{"loaded": {"kv": ..}, ...}`` from the counters named ``<prefix><what>:<pool>``."""
+        out: dict[str, dict[str, int]] = {}
+        for name, n in self.items():
+            if name.startswith(prefix) and ":" in name:
+                what, pool = name[len(prefix):].split(":", 1)
+                out.setdefault(what, {})[pool] = n
+        return out
+
+
+def _per_tier(c: _Snapshot, name: str) -> PerTier:
+    return PerTier(device=c[f"{name}_device"], host=c[f"{name}_host"], storage=c[f"{name}_storage"])
 
 
 __all__ = ["HiCache"]

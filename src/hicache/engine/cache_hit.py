@@ -123,12 +123,15 @@ async def find_hit(
 
 
 def count_match(counters: Counters, page_size: int, tokens: int, d: int, h: int, s: int) -> None:
-    """Count one match: tokens asked, and hit tokens and requests per serving tier."""
+    """Count one match: tokens and full pages asked, and hit tokens, pages and requests per
+    serving tier (``d``, ``h``, ``s``: the device, host and storage hit depths in pages)."""
     counters.add("matches")
     counters.add("matched_tokens", tokens)
-    for i, n in enumerate((d, h - d, s - h)):
-        counters.add(f"hit_tokens_{i}", n * page_size)
-        counters.add(f"hit_requests_{i}", int(n > 0))
+    counters.add("matched_pages", tokens // page_size)
+    for tier, n in (("device", d), ("host", h - d), ("storage", s - h)):
+        counters.add(f"hit_tokens_{tier}", n * page_size)
+        counters.add(f"hit_pages_{tier}", n)
+        counters.add(f"hit_requests_{tier}", int(n > 0))
 
 
 __all__ = ["HitRules", "agree_hit", "count_match", "find_hit"]

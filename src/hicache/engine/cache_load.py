@@ -200,7 +200,7 @@ async def settle_load(
             cache.index.complete(ticket, True)
             cache.counters.add("loads")
             cache.counters.add("loaded_pages", len(ticket))
-            cache.counters.add("bytes_loaded", cache.work.bytes_of(ticket.dests))
+            cache.work.count_bytes("loaded", ticket.dests)
             pins = match.pins
             if not pins.released:
                 # The match now holds the loaded pages on the device instead of on host.

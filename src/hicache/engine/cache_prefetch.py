@@ -155,7 +155,7 @@ async def _batch(
             lost = [(k, d) for k, d, f in zip(ticket.keys, ticket.dests, flags, strict=True) if not f]
             _forget(cache, lost)
             cache.counters.add("prefetched_pages", run)
-            cache.counters.add("bytes_prefetched", cache.work.bytes_of(ticket.dests[:run]))
+            cache.work.count_bytes("prefetched", ticket.dests[:run])
             if lost and oks is not None:
                 cache.counters.add("store_failures", 1)
     if acts.store:

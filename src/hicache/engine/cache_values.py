@@ -6,8 +6,9 @@
 - EvictResult: how many pages an eviction took and the page ids it gave back.
 - PrefetchResult: pages asked for, read, and the host hit after the prefetch; PrefetchSkip:
   why one did not start.
-- CacheStatistics: a frozen snapshot: hits per tier (tokens and requests), bytes per direction,
-  evictions per tier, store failures, the breaker's state, the index's counters.
+- CacheStatistics: a frozen snapshot: hits and misses per tier (PerTier: tokens, pages,
+  requests), bytes per direction, evictions per tier, store failures, the breaker's state, the
+  index's counters.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import attrs
 from hicache.domain.errors import ConfigError
 from hicache.domain.hybrid import CheckpointPolicy
 from hicache.domain.pools import PoolName
-from hicache.domain.tiers import IndexStats, WriteSettings
+from hicache.domain.tiers import IndexStats, PerTier, WriteSettings
 from hicache.domain.validators import positive_int
 from hicache.engine.storage_settings import StorageTierSettings, StorageTierStatistics
 
@@ -131,15 +132,27 @@ class PrefetchResult:
 
 @attrs.frozen(kw_only=True)
 class CacheStatistics:
-    """A snapshot of the cache face. Hit tokens per tier count where the hit was served from:
-    ``hit_tokens[0]`` already on device, ``[1]`` loaded from host, ``[2]`` found in storage
-    (beyond the host hit, before a prefetch). ``hit_requests`` counts matches with any hit on
-    that tier."""
+    """A snapshot of the cache face (safe to take from another thread, e.g. a metrics scrape).
+
+    Per-tier figures are ``PerTier`` values (``stats.hit_tokens.host``). Hit tokens per tier
+    count where the hit was served from: ``device`` already on device, ``host`` loaded from host
+    (beyond the device hit), ``storage`` found in storage (beyond the host hit, before a
+    prefetch); ``hit_pages`` the same in full pages. ``hit_requests`` counts matches with any
+    hit on that tier. ``miss_tokens`` / ``miss_pages`` (derived) count, per tier, what a match
+    looked for there and did not find there or above: the device misses are everything asked
+    beyond the device hit, the host misses what the host did not add, the storage misses what
+    no tier held (what the framework recomputes). So ``hit(t) + miss(t) == miss(t - 1)``.
+    ``bytes_by_pool``: the ``bytes_*`` figures per pool, ``{"loaded": {"kv": .., "indexer":
+    ..}, "backed_up": .., "prefetched": .., "stored": ..}`` (a sidecar's bytes under its own
+    name; each direction sums to its total).
+    """
 
     matches: int
     matched_tokens: int
-    hit_tokens: tuple[int, int, int]
-    hit_requests: tuple[int, int, int]
+    matched_pages: int
+    hit_tokens: PerTier
+    hit_pages: PerTier
+    hit_requests: PerTier
     inserts: int
     inserted_pages: int
     loads: int
@@ -156,18 +169,40 @@ class CacheStatistics:
     bytes_backed_up: int
     bytes_prefetched: int
     bytes_stored: int
-    evictions: tuple[int, int, int]
+    bytes_by_pool: Mapping[str, Mapping[str, int]]
+    evictions: PerTier
     breaker: str
     storage: StorageTierStatistics | None
     index: IndexStats
 
+    @property
+    def miss_tokens(self) -> PerTier:
+        return _misses(self.matched_tokens, self.hit_tokens)
+
+    @property
+    def miss_pages(self) -> PerTier:
+        return _misses(self.matched_pages, self.hit_pages)
+
     def as_json(self) -> dict[str, object]:
-        """A dict of plain values (json.dumps takes it): enums as their values."""
-        out = attrs.asdict(self, recurse=False)
-        out["index"] = attrs.asdict(self.index)
+        """A dict of plain values (json.dumps takes it): per-tier figures as ``{"device": ..,
+        "host": .., "storage": ..}``, enums as their values."""
+        out: dict[str, object] = {}
+        for f in attrs.fields(CacheStatistics):
+            value = getattr(self, f.name)
+            out[f.name] = value.as_dict() if isinstance(value, PerTier) else value
+        out["bytes_by_pool"] = {k: dict(v) for k, v in self.bytes_by_pool.items()}
+        out["miss_tokens"] = self.miss_tokens.as_dict()
+        out["miss_pages"] = self.miss_pages.as_dict()
+        out["index"] = self.index.as_dict()
         if self.storage is not None:
             out["storage"] = attrs.asdict(self.storage, value_serializer=_plain)
         return out
+
+
+def _misses(asked: int, hits: PerTier) -> PerTier:
+    device = asked - hits.device
+    host = device - hits.host
+    return PerTier(device=device, host=host, storage=host - hits.storage)
 
 
 def _plain(_inst: object, _field: object, value: object) -> object:

@@ -42,6 +42,10 @@ class Counters:
     def __getitem__(self, name: str) -> int:
         return self.c.get(name, 0)
 
+    def snapshot(self) -> dict[str, int]:
+        """A copy taken in one step: safe from another thread while the loop adds counters."""
+        return dict(self.c)
+
 
 def _ids(placements: Iterable[Placement], pools: Sequence[PoolName]) -> PageIds:
     out: PageIds = {}
@@ -105,14 +109,18 @@ class CacheWork:
         self.scopes: set[anyio.CancelScope] = set()  # one per background task (cancel_all)
         self.cancelled = False
 
-    def bytes_of(self, placements: Iterable[Placement]) -> int:
+    def count_bytes(self, direction: str, placements: Iterable[Placement]) -> None:
+        """Add the bytes of ``placements`` to ``bytes_<direction>`` and, per pool (a sidecar's
+        bytes under the sidecar), to ``bytes_<direction>:<pool>``."""
         total = 0
         for where in placements:
             for p in where:
-                total += self.page_bytes[p]
-                if p is self.anchor:
-                    total += sum(self.page_bytes[s] for s in self.sidecars)
-        return total
+                pools = (p, *self.sidecars) if p is self.anchor else (p,)
+                for q in pools:
+                    n = self.page_bytes[q]
+                    total += n
+                    self.counters.add(f"bytes_{direction}:{q.value}", n)
+        self.counters.add(f"bytes_{direction}", total)
 
     # -- frees ---------------------------------------------------------------------------------
     def free(self, freed: Iterable[Freed]) -> PageIds:
@@ -220,7 +228,7 @@ class CacheWork:
                 acts = self.index.complete(ticket, ok)
                 if ok:
                     self.counters.add("backups", len(ticket))
-                    self.counters.add("bytes_backed_up", self.bytes_of(ticket.dests))
+                    self.count_bytes("backed_up", ticket.dests)
                 else:
                     self.counters.add("backups_failed", len(ticket))
                 device = self.free(acts.free)
@@ -253,9 +261,9 @@ class CacheWork:
                 acts = self.index.complete(ticket, flags)
                 good = sum(flags)
                 self.counters.add("stored_pages", good)
-                self.counters.add("bytes_stored", self.bytes_of(
-                    s for s, f in zip(ticket.sources, flags, strict=True) if f
-                ))
+                self.count_bytes(
+                    "stored", (s for s, f in zip(ticket.sources, flags, strict=True) if f)
+                )
                 self.counters.add("store_failures", len(ticket) - good)
                 self.free(acts.free)
 

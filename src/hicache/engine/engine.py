@@ -52,6 +52,7 @@ from hicache.engine._reporting import Reporting
 from hicache.engine._settling import _Life
 from hicache.engine._submission import Submitting
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
+from hicache.engine.histogram import LOAD_SECONDS_BUCKETS, WAIT_SECONDS_BUCKETS, Histogram
 from hicache.engine.logs import get_logger
 from hicache.engine.stats import OperationState
 
@@ -170,6 +171,10 @@ class TransferEngine(Freeing, Reporting, Submitting):
         self._load_copy_s = 0.0
         self._backup_copy_s = 0.0
         self._waited_s = 0.0
+        # Observed where the times are already measured (a load's settle, a forward-pass wait);
+        # read at scrape time by hicache.metrics.
+        self._load_seconds = Histogram(LOAD_SECONDS_BUCKETS)
+        self._wait_seconds = Histogram(WAIT_SECONDS_BUCKETS)
 
     # ---------------------------------------------------------------------------------------
     # life cycle

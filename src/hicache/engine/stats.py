@@ -2,7 +2,8 @@
 
 - OperationState: queued, running, done, failed, cancelled (one load or backup as its handle sees it).
 - OperationStatistics: one handle's figures (bytes, copy time, time its consumer waited).
-- EngineStatistics: the engine's totals (operations by outcome, bytes, GB/s, exposed wait time).
+- EngineStatistics: the engine's totals (operations by outcome, bytes, GB/s, exposed wait time,
+  histograms of load latency and of each forward-pass wait).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import enum
 
 import attrs
+
+from hicache.engine.histogram import HistogramSnapshot
 
 
 class OperationState(enum.Enum):
@@ -75,6 +78,10 @@ class EngineStatistics:
     Operations count once however many handles share them; ``loads_joined`` counts the handles
     that joined a load already in flight. ``exposed_wait_s`` is the time consumers spent waiting
     for layers (``wait_layer`` and the async waits): copy time that compute did not hide.
+    ``load_seconds``: per successful load, the time from its prepare to the engine settling it
+    (queueing, the copies, and up to one reaper poll, 1 ms). ``wait_seconds``: per forward-pass
+    wait on a load (``wait_layer``, ``wait_layer_ready``, ``wait``), the time it blocked (0 when
+    the layer was already there); its sum is ``exposed_wait_s``.
     """
 
     loads: int
@@ -95,6 +102,8 @@ class EngineStatistics:
     in_flight: int
     event_sets_created: int
     event_sets_reused: int
+    load_seconds: HistogramSnapshot
+    wait_seconds: HistogramSnapshot
 
     @property
     def load_gbps(self) -> float:
@@ -105,7 +114,9 @@ class EngineStatistics:
         return _gbps(self.bytes_backed_up, self.backup_copy_s)
 
     def as_json(self) -> dict[str, object]:
-        out: dict[str, object] = attrs.asdict(self)
+        out: dict[str, object] = attrs.asdict(self, recurse=False)
+        out["load_seconds"] = self.load_seconds.as_json()
+        out["wait_seconds"] = self.wait_seconds.as_json()
         out["load_gbps"] = self.load_gbps
         out["backup_gbps"] = self.backup_gbps
         return out
