@@ -22,6 +22,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
+from hicache.adapters import tp_agreement
 from hicache.adapters.tp_agreement import TorchRankAgreement
 from hicache.domain.errors import ConfigError
 from hicache.engine.ranks import RankAgreement
@@ -282,3 +283,22 @@ def test_an_answer_after_the_guard_gave_up_is_counted_as_diverged(one_rank: None
         time.sleep(0.05)
     stats = ranks.statistics()
     assert (stats.agreed, stats.missed, stats.diverged) == (0, 1, 1)
+
+
+def test_old_calls_keys_are_deleted_so_the_store_does_not_grow(
+    one_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tp_agreement, "KEEP_CALLS", 4)
+    store = dist.HashStore()
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=1.0, store=store, name="keys")
+
+    async def calls() -> None:
+        for i in range(7):
+            assert await ranks.agree_min((i,)) == (i,)
+
+    anyio.run(calls)
+    prefix = "keys/tp/0/0"  # name / tp / the group's ranks / generation
+    gone = [f"{prefix}/{c}/{what}" for c in (0, 1, 2) for what in ("0", "outcome")]
+    kept = [f"{prefix}/{c}/{what}" for c in (3, 4, 5, 6) for what in ("0", "outcome")]
+    assert not any(store.check([k]) for k in gone)
+    assert all(store.check([k]) for k in kept)
