@@ -12,6 +12,7 @@ import json
 import math
 import multiprocessing
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from typing import Any
 import anyio
 import pytest
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import Store
 
+from hicache.adapters import tp_agreement
 from hicache.adapters.tp_agreement import TorchRankAgreement
 from hicache.domain.errors import ConfigError
 from hicache.engine.ranks import RankAgreement
@@ -212,3 +215,90 @@ def test_building_one_before_torch_distributed_is_initialised_says_so() -> None:
     assert not dist.is_initialized()
     with pytest.raises(ConfigError, match="init_process_group"):
         TorchRankAgreement(object(), deadline_s=1.0)  # type: ignore[arg-type]
+
+
+class SlowStore(Store):
+    """A store that answers ``set`` or ``compare_set`` after ``delay`` seconds (a hung host)."""
+
+    def __init__(self, slow: str) -> None:
+        super().__init__()
+        self.inner = dist.HashStore()
+        self.slow = slow
+        self.delay = 0.0
+
+    def _pause(self, op: str) -> None:
+        if op == self.slow:
+            time.sleep(self.delay)
+
+    def set(self, key: str, value: str) -> None:
+        self._pause("set")
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self._pause("compare_set")
+        return self.inner.compare_set(key, expected, desired)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        self.inner.wait(keys, timeout)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self.inner.multi_get(keys)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def add(self, key: str, amount: int) -> int:
+        return self.inner.add(key, amount)
+
+
+def test_a_store_that_stops_answering_is_a_miss_at_deadline_plus_grace(one_rank: None) -> None:
+    store = SlowStore("set")
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=0.3, grace_s=0.2, store=store)
+    assert anyio.run(ranks.agree_min, (4, 5)) == (4, 5)
+    store.delay = 2.0
+    started = time.monotonic()
+    assert anyio.run(ranks.agree_min, (6, 7)) == (0, 0)
+    assert 0.45 <= time.monotonic() - started <= 0.5 + SLACK
+    stats = ranks.statistics()
+    assert (stats.agreed, stats.missed, stats.diverged) == (1, 1, 0)
+    assert stats.last_error is not None
+    assert "did not answer" in stats.last_error
+
+
+def test_an_answer_after_the_guard_gave_up_is_counted_as_diverged(one_rank: None) -> None:
+    # The store records the agreed values but answers after this rank returned its miss: the
+    # other ranks (had there been any) hit where this one missed. It must not pass silently.
+    store = SlowStore("compare_set")
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=0.3, grace_s=0.2, store=store)
+    store.delay = 1.0
+    assert anyio.run(ranks.agree_min, (6, 7)) == (0, 0)
+    stop = time.monotonic() + 10
+    while ranks.statistics().diverged == 0 and time.monotonic() < stop:
+        time.sleep(0.05)
+    stats = ranks.statistics()
+    assert (stats.agreed, stats.missed, stats.diverged) == (0, 1, 1)
+
+
+def test_old_calls_keys_are_deleted_so_the_store_does_not_grow(
+    one_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tp_agreement, "KEEP_CALLS", 4)
+    store = dist.HashStore()
+    ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=1.0, store=store, name="keys")
+
+    async def calls() -> None:
+        for i in range(7):
+            assert await ranks.agree_min((i,)) == (i,)
+
+    anyio.run(calls)
+    prefix = "keys/tp/0/0"  # name / tp / the group's ranks / generation
+    gone = [f"{prefix}/{c}/{what}" for c in (0, 1, 2) for what in ("0", "outcome")]
+    kept = [f"{prefix}/{c}/{what}" for c in (3, 4, 5, 6) for what in ("0", "outcome")]
+    assert not any(store.check([k]) for k in gone)
+    assert all(store.check([k]) for k in kept)

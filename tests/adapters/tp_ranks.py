@@ -120,9 +120,20 @@ async def _late(rank: int, out: Path, deadline: float, port: int) -> dict[str, A
     return seen
 
 
+async def _first_done(rank: int, out: Path) -> None:
+    """Rank 1 says it has its first outcome; rank 0 (the store's host) waits for that."""
+    if rank == 1:
+        (out / "first_done").write_text("")
+        return
+    stop = time.monotonic() + 60
+    while not (out / "first_done").exists() and time.monotonic() < stop:
+        await anyio.sleep(0.02)
+
+
 async def _store_dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
     seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
+    await _first_done(rank, out)
     if rank == 0:
         os.kill(os.getpid(), signal.SIGKILL)
     # Wait until rank 0 is gone, and the store it hosted with it (its port refuses).
@@ -143,6 +154,7 @@ async def _store_dead(rank: int, out: Path, deadline: float, port: int) -> dict[
 async def _store_hung(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline, grace_s=GRACE)
     seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
+    await _first_done(rank, out)
     if rank == 0:
         os.kill(os.getpid(), signal.SIGSTOP)  # the store's host stops answering (the test kills it)
     await anyio.sleep(0.3)
