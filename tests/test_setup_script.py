@@ -47,6 +47,7 @@ def _setup(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
         "PYTHON": str(fake),
         "HICACHE_VENV": str(tmp_path / "venv"),
         "HICACHE_MOONCAKE": "off",
+        "HICACHE_ENGINES": "off",
         "HICACHE_TORCH": "torch==2.13.0",
         **env,
     }

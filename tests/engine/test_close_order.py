@@ -40,7 +40,7 @@ def test_closing_the_sync_engine_with_a_sync_cache_open_closes_the_cache_first()
         face.insert(_tokens(2), {KV: list(got[KV])})
         sync.close()  # the cache is still open: before, this waited forever
         state["cache"] = repr(face.cache)
-        state["host"] = face.cache.index.statistics().on_tier[Tier.HOST]
+        state["host"] = face.cache.index.statistics().on_tier.host
         face.close()  # idempotent
         done.set()
 
@@ -119,4 +119,4 @@ async def test_two_load_calls_of_one_match_started_together_let_exactly_one_thro
             assert m.loaded
         await cache.wait_idle()
         cache.index.validate()
-        assert cache.index.statistics().pinned == (0, 0, 0)
+        assert cache.index.statistics().pinned.total == 0

@@ -45,7 +45,11 @@ OTHER_ENV_VARS = frozenset(
         "HICACHE_TORCH_INDEX",  # scripts/setup
         "HICACHE_VENV",  # scripts/setup
         "HICACHE_MOONCAKE",  # scripts/setup
+        "HICACHE_ENGINES",  # scripts/setup
+        "HICACHE_VLLM",  # scripts/setup
         "HICACHE_REQUIRE_MOONCAKE",  # tests
+        "HICACHE_REQUIRE_VLLM",  # tests
+        "HICACHE_REQUIRE_SGLANG",  # tests
         "HICACHE_STATEFUL_EXAMPLES",  # tests
     }
 )
