@@ -2,8 +2,9 @@
 
 Hand-written cases cover each input class of issue 12 (deep JSON, huge integers, Infinity/NaN,
 absurd sizes, zero and negative counts, wrong types in model files, FIFOs and devices as files,
-over-long paths, broken JSON/TOML/YAML); hypothesis adds random values for the numeric and
-string flags of `hicache plan`. The cases run in-process through ``hicache.cli.main``; a few run
+over-long paths, broken JSON/TOML/YAML), and every count of the newer commands (bench cache,
+storage, soak, scale, engine, demo: each has a ceiling named in its message, issue 20);
+hypothesis adds random values for the numeric and string flags of `hicache plan`. The cases run in-process through ``hicache.cli.main``; a few run
 through a real subprocess to check the exit status and stderr end to end.
 """
 
