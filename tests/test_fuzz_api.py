@@ -9,6 +9,8 @@
 - hypothesis: JSON text, nested documents with non-finite floats and huge integers, raw bytes as
   .json/.toml/.yaml files, through parse_extra_config, StorageSettings, resolve_host_memory and
   load_extra_config.
+The cache face (async and sync), the stores, open_runtime and LayerBinding are fuzzed in
+tests/test_fuzz_cache_api.py.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Hand-written cases cover each input class of issue 12 (deep JSON, huge integers, Infinity/NaN,
 absurd sizes, zero and negative counts, wrong types in model files, FIFOs and devices as files,
-over-long paths, broken JSON/TOML/YAML); hypothesis adds random values for the numeric and
-string flags of `hicache plan`. The cases run in-process through ``hicache.cli.main``; a few run
+over-long paths, broken JSON/TOML/YAML), and every count of the newer commands (bench cache,
+storage, soak, scale, engine, demo: each has a ceiling named in its message, issue 20);
+hypothesis adds random values for the numeric and string flags of `hicache plan`. The cases run in-process through ``hicache.cli.main``; a few run
 through a real subprocess to check the exit status and stderr end to end.
 """
 
@@ -238,11 +239,53 @@ def _bench_and_demo_cases() -> list[list[str]]:
         ["demo", "--prefix-tokens", "1000000000000"],
         ["demo", "--prefix-tokens", "100"],
         ["demo", "--storage", "nope"],
+        *_newer_bench_cases(),
         ["shm"],
         ["shm", "nope"],
         ["bench"],
         ["nope"],
         [],
+    ]
+
+
+# Counts of the newer bench commands: each has a ceiling named in its message (issue 20).
+NEWER_COUNTS = {
+    ("bench", "cache"): ["--pages-max", "--tokens", "--page-size", "--batch", "--repeats"],
+    ("bench", "storage"): ["--pages", "--page-size", "--layers", "--repeats"],
+    ("bench", "soak"): ["--ops", "--concurrency"],
+    ("bench", "scale"): ["--max-pages", "--repeats"],
+    ("bench", "engine"): ["--rounds"],
+    ("demo",): ["--turns", "--prefix-tokens"],
+}
+COUNT_VALUES = ["0", "-1", "1.5", "x", "", "1000000000000", HUGE, "nan"]
+
+
+def _newer_bench_cases() -> list[list[str]]:
+    cases = [
+        [*cmd, flag, v] for cmd, flags in NEWER_COUNTS.items() for flag in flags
+        for v in COUNT_VALUES
+    ]
+    return [
+        *cases,
+        ["bench", "cache", "--tokens", "64", "--page-size", "128"],  # a page beyond the request
+        ["bench", "cache", "--pages-max", "10", "--batch", "11"],
+        ["bench", "cache", "--request-page-sizes", "0"],
+        ["bench", "cache", "--request-page-sizes", "99999999"],
+        ["bench", "cache", "--request-page-sizes", ",".join(["1"] * 17)],
+        ["bench", "cache", "--request-page-sizes", "a,b"],
+        ["bench", "storage", "--pages", "65536", "--page-size", "65536"],  # past the machine
+        ["bench", "storage", "--store", "nope"],
+        ["bench", "storage", "--layout", "nope"],
+        ["bench", "storage", "--store", "directory", "--store-config", "{"],
+        ["bench", "storage", "--store", "directory", "--store-config", '{"root": "a\u0000b"}'],
+        ["bench", "storage", "--store", "directory", "--store-config", '{"capacity_bytes": 1.5}'],
+        ["bench", "soak", "--seed", "-1"],
+        ["bench", "soak", "--seed", HUGE],
+        ["bench", "scale", "--max-bytes", "0"],
+        ["bench", "scale", "--max-bytes", "1000000000000000"],
+        ["bench", "scale", "--max-bytes", "nope"],
+        ["demo", "--device", "nope"],
+        ["demo", "--plot", "/nonexistent-dir/x.png", "--turns", "0"],
     ]
 
 

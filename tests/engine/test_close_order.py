@@ -120,3 +120,17 @@ async def test_two_load_calls_of_one_match_started_together_let_exactly_one_thro
         await cache.wait_idle()
         cache.index.validate()
         assert cache.index.statistics().pinned.total == 0
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "1", True])
+def test_a_sync_wait_refuses_a_time_out_that_is_not_a_finite_number(timeout: object) -> None:
+    rig = Rig(dense_plan())
+    with open_sync(rig.engine) as sync:
+        host = rig.host_slots.allocate({KV: 1})
+        handle = sync.load(host)
+        with pytest.raises(ConfigError, match="timeout must be None or a finite number"):
+            handle.wait(timeout)  # type: ignore[arg-type]
+        handle.wait(10)  # the operation was not cancelled by the refused wait
+        sync.free_device(handle.device_pages)
+        rig.host_slots.free(host)
+    rig.assert_no_leaks()

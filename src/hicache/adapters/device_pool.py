@@ -35,6 +35,7 @@ from hicache.domain import (
     PoolRole,
 )
 from hicache.domain.geometry import BufferSpec
+from hicache.domain.pools import pool_keyed
 
 
 def parse_torch_device(device: str | torch.device) -> torch.device:
@@ -428,7 +429,7 @@ class DeviceGroup:
         capacities: Mapping[PoolName | str, int] | None = None,
     ) -> DeviceGroup:
         """Allocate every pool of ``plan``; capacities default to each plan's device_capacity."""
-        caps = {PoolName.parse(k): v for k, v in (capacities or {}).items()}
+        caps = pool_keyed(capacities or {}, "device capacities")
         unknown = sorted(n.value for n in caps if n not in {p.name for p in plan.pools})
         if unknown:
             raise ConfigError(

@@ -29,7 +29,13 @@ import sys
 import time
 from typing import Any
 
-from hicache.cli._options import positive_option
+from hicache.cli._options import (
+    MAX_BENCH_TOKENS,
+    MAX_INDEX_PAGES,
+    MAX_PAGE_SIZE,
+    MAX_REPEATS,
+    count_option,
+)
 from hicache.domain import (
     ConfigError,
     GroupRules,
@@ -69,14 +75,16 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _sizes(text: str) -> list[int]:
+def _sizes(text: str, tokens: int) -> list[int]:
     try:
         sizes = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         sizes = []
-    if not sizes or any(s < 1 for s in sizes):
+    top = min(MAX_PAGE_SIZE, tokens)
+    if not sizes or len(sizes) > 16 or any(not 1 <= s <= top for s in sizes):
         raise ConfigError(
-            f"--request-page-sizes {text!r}: expected positive integers separated by commas"
+            f"--request-page-sizes {text!r}: expected 1 to 16 integers in [1, {top}] "
+            "separated by commas"
         )
     return sizes
 
@@ -200,13 +208,17 @@ def measure(
 
 
 def run(args: argparse.Namespace) -> int:
+    pages_max = count_option("pages-max", args.pages_max, MAX_INDEX_PAGES)
+    tokens = count_option("tokens", args.tokens, MAX_BENCH_TOKENS)
+    # A page larger than the request would hash no page at all: meaningless figures.
+    page_size = count_option("page-size", args.page_size, min(MAX_PAGE_SIZE, tokens))
     result = measure(
-        pages_max=positive_option("pages-max", args.pages_max),
-        tokens=positive_option("tokens", args.tokens),
-        page_size=positive_option("page-size", args.page_size),
-        request_page_sizes=_sizes(args.request_page_sizes),
-        batch=positive_option("batch", args.batch),
-        repeats=positive_option("repeats", args.repeats),
+        pages_max=pages_max,
+        tokens=tokens,
+        page_size=page_size,
+        request_page_sizes=_sizes(args.request_page_sizes, tokens),
+        batch=count_option("batch", args.batch, pages_max),
+        repeats=count_option("repeats", args.repeats, MAX_REPEATS),
     )
     if args.json:
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS}) + "\n")

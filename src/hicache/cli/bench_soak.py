@@ -18,6 +18,7 @@ import logging
 import sys
 from typing import Any
 
+from hicache.cli._options import MAX_CONCURRENCY, MAX_SEED, MAX_SOAK_OPS, count_option
 from hicache.domain import ConfigError
 
 KEYS = ("ops", "faults", "leaked_slots", "leaked_pins", "corrupt_pages", "seconds")
@@ -41,9 +42,11 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for flag, value in (("ops", args.ops), ("concurrency", args.concurrency)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"--{flag} must be a positive integer, got {value!r}")
+    count_option("ops", args.ops, MAX_SOAK_OPS)
+    count_option("concurrency", args.concurrency, MAX_CONCURRENCY)
+    seed = args.seed
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
     import structlog
 
     from hicache.bootstrap.soak import SoakSettings, run_soak

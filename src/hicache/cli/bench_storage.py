@@ -18,7 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hicache.cli._options import one_of, positive_option
+from hicache.cli._options import (
+    MAX_PAGE_SIZE,
+    MAX_REPEATS,
+    MAX_STORAGE_PAGES,
+    count_option,
+    one_of,
+)
 from hicache.domain import Layout
 
 KEYS = (
@@ -90,17 +96,23 @@ def _human(doc: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from hicache.bootstrap import load_extra_config
+    from hicache.bootstrap.machine import check_fits
     from hicache.bootstrap.storage import open_named_store
     from hicache.cli.bench_overlap import bench_plan
 
-    pages = positive_option("pages", args.pages)
-    page_size = positive_option("page-size", args.page_size)
-    repeats = positive_option("repeats", args.repeats)
+    pages = count_option("pages", args.pages, MAX_STORAGE_PAGES)
+    page_size = count_option("page-size", args.page_size, MAX_PAGE_SIZE)
+    repeats = count_option("repeats", args.repeats, MAX_REPEATS)
     plan = bench_plan(
         layers=args.layers,
         tokens=pages * page_size,
         page_size=page_size,
         layout=Layout.parse(args.layout).value,
+    )
+    # The host pool, and as much again read back: refused before anything is allocated.
+    check_fits(
+        2 * plan.nbytes,
+        f"bench storage with --pages {pages} --page-size {page_size} --layers {args.layers}",
     )
     config = load_extra_config(args.store_config)
     store = open_named_store(args.store, config)

@@ -15,9 +15,29 @@ import attrs
 from hicache.domain.errors import BindingError
 
 
-def _pairs(value: Mapping[int, int] | Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    items = value.items() if isinstance(value, Mapping) else value
-    return tuple(sorted((int(t), int(p)) for t, p in items))
+def _layer(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BindingError(f"{what} must be an integer layer id, got {value!r}"[:200])
+    return value
+
+
+def _pairs(value: object) -> tuple[tuple[int, int], ...]:
+    """The (transfer, pool) layer pairs as ints; a float, bool or text layer id is refused
+    (``int(1.5)`` would silently bind layer 1)."""
+    if isinstance(value, Mapping):
+        items: Iterable[object] = value.items()
+    elif isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise BindingError(
+            f"a binding must be a mapping or pairs of transfer -> pool layer, got {value!r}"[:200]
+        )
+    else:
+        items = value
+    out = []
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise BindingError(f"a binding pair must be (transfer, pool), got {item!r}"[:200])
+        out.append((_layer(item[0], "a transfer layer"), _layer(item[1], "a pool layer")))
+    return tuple(sorted(out))
 
 
 @attrs.frozen
@@ -28,6 +48,8 @@ class LayerBinding:
     pool_layers: int
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.pool_layers, int) or isinstance(self.pool_layers, bool):
+            raise BindingError(f"pool_layers must be an integer, got {self.pool_layers!r}")
         if self.pool_layers < 0:
             raise BindingError(f"pool_layers must be >= 0, got {self.pool_layers}")
         transfer = [t for t, _ in self.pairs]

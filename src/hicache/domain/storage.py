@@ -167,9 +167,10 @@ def check_keys(keys: object) -> Sequence[StoreKey]:
     """``keys`` if it is a sequence of StoreKeys; ConfigError naming the first that is not."""
     if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
         raise ConfigError(f"store keys must be a sequence of StoreKey, got {_kind(keys)}")
-    for i, k in enumerate(keys):
-        if not isinstance(k, StoreKey):
-            raise ConfigError(f"store keys[{i}] must be a StoreKey, got {_kind(k)}")
+    if not all(type(k) is StoreKey for k in keys):
+        for i, k in enumerate(keys):
+            if not isinstance(k, StoreKey):
+                raise ConfigError(f"store keys[{i}] must be a StoreKey, got {_kind(k)}")
     return keys
 
 
@@ -198,13 +199,16 @@ def check_batch(keys: Sequence[StoreKey], buffers: object) -> None:
         raise ConfigError(f"store buffers must be a sequence of page buffers, got {_kind(buffers)}")
     if len(keys) != len(buffers):
         raise ConfigError(f"store batch: {len(keys)} keys paired with {len(buffers)} buffers")
+    # The container and its first segment: O(pages), not O(segments), on the read path (a
+    # store still answers INVALID for a later segment it cannot use).
     for i, buf in enumerate(buffers):
-        if isinstance(buf, (str, bytes, bytearray, memoryview)) or not isinstance(buf, Sequence):
+        if type(buf) is not list and (  # the usual case, without the ABC check
+            isinstance(buf, (str, bytes, bytearray, memoryview)) or not isinstance(buf, Sequence)
+        ):
             raise ConfigError(
                 f"store buffers[{i}] must be a sequence of memoryview segments, got {_kind(buf)}"
             )
-        for seg in buf:
-            if not isinstance(seg, memoryview):
-                raise ConfigError(
-                    f"store buffers[{i}] holds {_kind(seg)}: segments must be memoryviews"
-                )
+        if buf and not isinstance(buf[0], memoryview):
+            raise ConfigError(
+                f"store buffers[{i}] holds {_kind(buf[0])}: segments must be memoryviews"
+            )

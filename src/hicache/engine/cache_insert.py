@@ -94,7 +94,7 @@ def insert_placements(
             if ids[i] is not None:
                 named.append((f"device_pages[{p.value!r}][{i}]", p, ids[i]))
     released: dict[PoolName, list[int]] = {}
-    given = cache_args.mapping(checkpoints, "insert: checkpoints") if checkpoints else {}
+    given = {} if checkpoints is None else cache_args.mapping(checkpoints, "insert: checkpoints")
     for b, slots in given.items():
         what = f"checkpoints[{b!r}]"
         slots = cache_args.mapping(slots, f"insert: {what}")

@@ -110,6 +110,12 @@ class TransferEngine(Freeing, Reporting, Submitting):
         self._streams = streams
         self._host_slots = host_slots
         self._device_slots = device_slots
+        for what, pins in (("host_pins", host_pins), ("device_pins", device_pins)):
+            if pins is not None and not isinstance(pins, PinTable):
+                raise ConfigError(
+                    f"{what} must be a PinTable (hicache.domain.pins) or None, got "
+                    f"{type(pins).__name__}"
+                )
         self._host_pins = host_pins if host_pins is not None else PinTable("host pins")
         self._device_pins = device_pins if device_pins is not None else PinTable("device pins")
         # Pages an in-flight operation writes: a load must not read a host page a backup is

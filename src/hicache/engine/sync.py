@@ -18,6 +18,7 @@ same host pages share one transfer, and cancellation returns slots and pins (see
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from types import TracebackType
@@ -27,7 +28,7 @@ import anyio
 import anyio.abc
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from hicache.domain.errors import EngineClosedError
+from hicache.domain.errors import ConfigError, EngineClosedError
 from hicache.domain.pools import HostGroupPlan, PoolName
 from hicache.engine.engine import PageSet, TransferEngine
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
@@ -72,6 +73,16 @@ class _SyncHandle:
         With ``timeout``, TimeoutError after that many seconds: the wait is then cancelled,
         which cancels the operation (as a cancelled async wait does).
         """
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            # A NaN time-out would expire at once and cancel the operation: refused instead.
+            raise ConfigError(
+                f"wait: timeout must be None or a finite number of seconds >= 0, got {timeout!r}"
+            )
         future = self.wait_future()
         try:
             future.result(timeout)
