@@ -85,14 +85,16 @@ class IndexState:
     def _touch(self, pages: Sequence[PageRecord], *, enter: bool = False) -> None:
         """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
 
-        ``enter``: also stamp evictable pages that have no stamp yet (new placements).
+        ``enter``: also stamp evictable pages that have no stamp yet (new placements, which
+        only insert makes, and only on DEVICE: the other tiers' stamps are already right).
         """
         for (tier, pool), slot in self._slot.items():
-            if not enter and not self._lru.live(slot):
+            admits = enter and tier == Tier.DEVICE
+            if not admits and not self._lru.live(slot):
                 continue
             seq: Iterable[PageRecord] = pages if pool in self._trailing else reversed(pages)
             admit = None
-            if enter:
+            if admits:
 
                 def admit(p: PageRecord, tier: int = tier, pool: PoolName = pool) -> bool:
                     at = p.at[tier]
@@ -103,6 +105,11 @@ class IndexState:
     def _check_placement(
         self, where: Mapping[PoolName, int], what: str, *, fill: bool = False
     ) -> dict[PoolName, int]:
+        if type(where) is dict and len(where) == 1 and not fill:
+            # The common case (one anchor id), checked without the general path's passes.
+            pid = where.get(self._anchor)
+            if type(pid) is int and pid >= 0:
+                return {self._anchor: pid}
         if fill and not where:
             raise ConfigError(f"{what}: an empty placement")
         if self._anchor not in where and not fill:
