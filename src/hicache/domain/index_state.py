@@ -6,7 +6,8 @@
 - _page(key): the record of a key the index knows (CacheStateError otherwise).
 - _has(page, tier, pool): whether a page has ``pool`` on ``tier`` (a pool that follows the
   anchor: the anchor's placement on DEVICE / HOST).
-- _evictable / _lru_add / _lru_remove / _touch: LRU stamps of unpinned, settled pages; touch
+- _evictable / _lru_add / _lru_remove / _touch: LRU stamps of unpinned, settled pages (the
+  ``_all`` forms do many pages at once, in order, as one run per slot); touch
   orders the anchor's pages tail-first and trailing pools' pages head-first.
 - _check_placement(where, what): a placement's anchor, owner pools and ids (ConfigError).
 - _wanted(pages, dest): the copies down to ``dest`` the write-through policies want now.
@@ -81,6 +82,30 @@ class IndexState:
             return
         for pool in self._owners if pools is None else pools:
             self._lru.unstamp(page, self._slot[tier, pool])
+
+    def _lru_add_all(self, pages: Sequence[PageRecord], tier: int) -> None:
+        """``_lru_add`` of each page, in order, as one run per slot (a long prompt's unpin)."""
+        if tier == Tier.STORAGE or not pages:
+            return
+        evictable = self._evictable
+        for pool in self._owners:
+
+            def admit(p: PageRecord, pool: PoolName = pool) -> bool:
+                at = p.at[tier]
+                return at is not None and pool in at and evictable(p, tier)
+
+            self._lru.touch(pages, self._slot[tier, pool], admit)
+
+    def _lru_remove_all(self, pages: Sequence[PageRecord], tier: int) -> None:
+        """``_lru_remove`` of each page (every owner pool's stamp on ``tier``)."""
+        if tier == Tier.STORAGE:
+            return
+        unstamp = self._lru.unstamp
+        for pool in self._owners:
+            slot = self._slot[tier, pool]
+            for p in pages:
+                if p.stamp[slot]:
+                    unstamp(p, slot)
 
     def _touch(self, pages: Sequence[PageRecord], *, enter: bool = False) -> None:
         """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
