@@ -75,3 +75,29 @@ def test_the_command_puts_the_logging_configuration_back(
     with structlog.testing.capture_logs() as logs:
         structlog.get_logger("hicache.engine").debug("still_seen")
     assert [e["event"] for e in logs] == ["still_seen"]
+
+
+def test_timeline_adds_one_stamped_round_per_layer_in_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "overlap", "--json", "--timeline", *TINY]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert tuple(doc) == (*KEYS, "timeline")
+    t = doc["timeline"]
+    assert set(t) == {"submit", "layers", "exposed_ms", "first_copy_ms"}
+    assert [row["layer"] for row in t["layers"]] == [0, 1, 2]
+    submit_end = t["submit"][1]
+    assert t["first_copy_ms"] == t["layers"][0]["copy"][0]
+    for row in t["layers"]:
+        (c0, c1), (w0, w1), (k0, k1) = row["copy"], row["wait"], row["compute"]
+        assert 0 <= c0 <= c1  # the worker copied this layer, start before end
+        assert submit_end <= w0 <= w1 == k0 <= k1  # wait, then compute, after the submission
+        assert c1 <= w1 + 1e-3  # the wait returned only once the copy had ended (stamp rounding)
+    assert t["exposed_ms"] == pytest.approx(
+        sum(r["wait"][1] - r["wait"][0] for r in t["layers"]), abs=1e-2
+    )
+
+
+def test_without_timeline_the_document_has_no_timeline(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "overlap", "--json", *TINY]) == 0
+    assert "timeline" not in json.loads(capsys.readouterr().out)

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from hicache.adapters.storage import Checksum, DirectorySettings, DirectoryStore, object_name
+from hicache.adapters.storage import (
+    Checksum,
+    DirectorySettings,
+    DirectoryStore,
+    object_file,
+    object_name,
+)
 from hicache.adapters.storage.format import HEADER_SPAN
 from hicache.domain import ConfigError, StoreError
 from hicache.domain.storage import StoreKey, StoreStatus
@@ -48,6 +54,8 @@ def say_and_hang(*_args):
     time.sleep(60)
 
 if mode == "mid":  # write half of the first piece asked for, then wait to be killed
+    from hicache.adapters.storage import object_file
+    object_file.use_native_io(False)  # the Python path's os.pwritev is what is intercepted
     real_pwritev = os.pwritev
     def half_then_hang(fd, views, offset):
         real_pwritev(fd, [views[0][: max(1, views[0].nbytes // 2)]], offset)
@@ -426,6 +434,7 @@ def test_partial_reads_and_writes_are_resumed(
             left -= out[-1].nbytes
         return out
 
+    monkeypatch.setattr(object_file, "_use_native", [False])  # the C path resumes on its own
     monkeypatch.setattr(os, "preadv", lambda fd, vs, off: real_preadv(fd, trickle(vs), off))
     monkeypatch.setattr(os, "pwritev", lambda fd, vs, off: real_pwritev(fd, trickle(vs), off))
     store = open_store(tmp_path)

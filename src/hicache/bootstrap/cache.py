@@ -22,6 +22,7 @@ from hicache.engine.cache import HiCache
 from hicache.engine.cache_storage import CacheStorage, TierPort
 from hicache.engine.cache_values import CacheSettings
 from hicache.engine.engine import TransferEngine
+from hicache.engine.logs import get_logger
 from hicache.engine.ranks import RankAgreement
 
 if TYPE_CHECKING:
@@ -163,6 +164,24 @@ def _tiers(
     return CacheStorage(tiers, anchor=anchor)
 
 
+_keys_tried = False
+
+
+def _native_keys() -> None:
+    """Hash page keys with the native chain (the same keys, faster for long prompts at small
+    page sizes: docs/benchmarks.md); without a C compiler the Python chain stays, logged once."""
+    from hicache.adapters.native_keys import install_native_keys
+    from hicache.domain.keys import chain_hasher
+
+    global _keys_tried
+    if _keys_tried or chain_hasher() != "python":
+        return
+    _keys_tried = True
+    installed, why = install_native_keys()
+    if not installed:
+        get_logger("hicache.bootstrap").warning("page_keys_python", reason=why)
+
+
 def open_cache(
     plan: HostGroupPlan,
     *,
@@ -225,6 +244,7 @@ def open_cache(
             f"store must be a Store, StorageSettings or None, got {type(store).__name__}"
         )
     owns_store = isinstance(store, StorageSettings)
+    _native_keys()
     opened: Store | None = None
     if isinstance(store, StorageSettings):
         from hicache.bootstrap.storage import open_store

@@ -11,10 +11,20 @@ Measured in one process on the CPU (the index is pure Python; no device is invol
   of the two sizes alternate; medians per page, with the cyclic garbage collector paused (as
   timeit does).
 - request_ms: hashing plus matching one fully cached request of ``--tokens`` tokens, for each of
-  ``--request-page-sizes`` (the 128K-token target is under 50 ms at the default page size).
+  ``--request-page-sizes``.
+- long_prompt_ms: the same for a ``--long-prompt``-token request (131,072) at page sizes 1, 16
+  and 64 (targets: under
+  50 ms at page 1, under 20 ms at page 16); long_prompt_insert_ms: hashing it and inserting
+  it into an empty index (every page new). Medians of ``max(1, --repeats // 3)`` rounds, the
+  garbage collector left on (as a server runs).
+- key_hasher: which chain hashed the keys: "native-sha-ni" / "native-portable" (the C chain of
+  hicache.adapters.native_keys, installed when a C compiler is there) or "python"; with
+  ``--python-keys`` the Python chain is used (the same keys).
 
 The JSON document: {"hash_tokens_per_s", "match_us_per_page": {"1000": a, "<pages-max>": b},
-"insert_us_per_page": {...}, "page_size", "request_ms": {"<page size>": ms, ...}}.
+"insert_us_per_page": {...}, "page_size", "request_ms": {"<page size>": ms, ...},
+"long_prompt_ms": {"1": ms, "16": ms, "64": ms}, "long_prompt_insert_ms": {...},
+"long_prompt_tokens", "key_hasher"}.
 """
 
 from __future__ import annotations
@@ -46,10 +56,23 @@ from hicache.domain import (
     Tier,
     chain_keys,
 )
+from hicache.domain.keys import chain_hasher, set_chain_hasher
 
 KV = PoolName.KV
 SMALL = 1000
-KEYS = ("hash_tokens_per_s", "match_us_per_page", "insert_us_per_page", "page_size", "request_ms")
+LONG_PROMPT = 131_072
+LONG_PAGE_SIZES = (1, 16, 64)
+KEYS = (
+    "hash_tokens_per_s",
+    "match_us_per_page",
+    "insert_us_per_page",
+    "page_size",
+    "request_ms",
+    "long_prompt_ms",
+    "long_prompt_insert_ms",
+    "long_prompt_tokens",
+    "key_hasher",
+)
 
 
 def register(sub: Any) -> None:
@@ -71,6 +94,17 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--batch", type=int, default=256, help="pages per timed batch")
     p.add_argument("--repeats", type=int, default=15, help="rounds; medians are reported")
+    p.add_argument(
+        "--long-prompt",
+        type=int,
+        default=LONG_PROMPT,
+        help="tokens of the long_prompt figures",
+    )
+    p.add_argument(
+        "--python-keys",
+        action="store_true",
+        help="hash page keys with the Python chain, not the native one (the same keys)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -175,6 +209,20 @@ def request_ms(tokens: list[int], page_size: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def insert_ms(tokens: list[int], page_size: int, repeats: int) -> float:
+    """Median milliseconds to hash a request and insert all its pages into an empty index."""
+    times = []
+    for _ in range(repeats):
+        index = PrefixIndex(_rules(page_size))
+        where = [{KV: i} for i in range(len(tokens) // page_size)]
+        t0 = time.perf_counter()
+        index.insert(chain_keys(tokens, page_size), where)
+        times.append((time.perf_counter() - t0) * 1e3)
+        if len(index) != len(where):  # pragma: no cover
+            raise RuntimeError("bench: an inserted request is not whole in the index")
+    return statistics.median(times)
+
+
 def measure(
     *,
     pages_max: int,
@@ -183,9 +231,12 @@ def measure(
     request_page_sizes: list[int],
     batch: int,
     repeats: int,
+    long_prompt: int = LONG_PROMPT,
 ) -> dict[str, Any]:
     rng = random.Random(0)
     ids = [rng.randrange(200_000) for _ in range(tokens)]
+    long = [rng.randrange(200_000) for _ in range(long_prompt)]
+    rounds = max(1, repeats // 3)
     hashing = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -200,14 +251,31 @@ def measure(
         "match_us_per_page": match,
         "insert_us_per_page": insert,
         "page_size": page_size,
-        "request_ms": {
-            str(ps): round(request_ms(ids, ps, max(1, repeats // 3)), 3)
-            for ps in request_page_sizes
+        "request_ms": {str(ps): round(request_ms(ids, ps, rounds), 3) for ps in request_page_sizes},
+        "long_prompt_ms": {
+            str(ps): round(request_ms(long, ps, rounds), 3) for ps in LONG_PAGE_SIZES
         },
+        "long_prompt_insert_ms": {
+            str(ps): round(insert_ms(long, ps, rounds), 3) for ps in LONG_PAGE_SIZES
+        },
+        "long_prompt_tokens": long_prompt,
+        "key_hasher": chain_hasher(),
     }
 
 
+def _use_keys(python: bool) -> None:
+    """The native chain unless ``python`` (a missing compiler leaves the Python one in use;
+    the document's key_hasher says which ran)."""
+    if python:
+        set_chain_hasher(None)
+        return
+    from hicache.adapters.native_keys import install_native_keys
+
+    install_native_keys()
+
+
 def run(args: argparse.Namespace) -> int:
+    _use_keys(args.python_keys)
     pages_max = count_option("pages-max", args.pages_max, MAX_INDEX_PAGES)
     tokens = count_option("tokens", args.tokens, MAX_BENCH_TOKENS)
     # A page larger than the request would hash no page at all: meaningless figures.
@@ -219,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
         request_page_sizes=_sizes(args.request_page_sizes, tokens),
         batch=count_option("batch", args.batch, pages_max),
         repeats=count_option("repeats", args.repeats, MAX_REPEATS),
+        long_prompt=count_option("long-prompt", args.long_prompt, MAX_BENCH_TOKENS),
     )
     if args.json:
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS}) + "\n")
@@ -238,4 +307,11 @@ def _human(r: dict[str, Any], tokens: int) -> str:
     )
     for ps, ms in r["request_ms"].items():
         lines.append(f"hash + match of a {tokens:,}-token request at page size {ps}: {ms:.1f} ms")
+    for ps, ms in r["long_prompt_ms"].items():
+        ins = r["long_prompt_insert_ms"][ps]
+        lines.append(
+            f"{r['long_prompt_tokens']:,}-token prompt at page size {ps}: hash + match {ms:.1f} ms, "
+            f"hash + insert {ins:.1f} ms"
+        )
+    lines.append(f"page keys hashed by: {r['key_hasher']}")
     return "\n".join(lines) + "\n"

@@ -17,6 +17,13 @@ takes when layer i's copy has already finished (the per-layer cost of the signal
 compute hides the copies). See docs/bench-overlap.md.
 
 On CPU the copy worker and the compute each get one core (``torch.set_num_threads(1)``).
+
+``--timeline`` adds "timeline" to the JSON: one more overlapped round, stamped. Times are
+milliseconds from the start of that round: "submit" [start, end] of ``engine.load`` on the
+calling thread, and per layer "copy" [start, end] of the copy backend's ``load_layer`` on the
+copy worker's thread (on a GPU: when the copies were issued, not when they ran), "wait" [start,
+end] of ``wait_layer(i)`` and "compute" [start, end] on the calling thread; "exposed_ms" is the
+sum of the waits and "first_copy_ms" when layer 0's copy began. See docs/bench-overlap.md.
 """
 
 from __future__ import annotations
@@ -92,6 +99,11 @@ def register(sub: Any) -> None:
         help=f"host layout: {one_of(Layout)} (default: page_first_direct, the planner's)",
     )
     p.add_argument("--repeats", type=int, default=11, help="rounds; medians are reported")
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="add a per-layer timeline of one overlapped round to the JSON (key 'timeline')",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -146,9 +158,10 @@ def run(args: argparse.Namespace) -> int:
         f"bench overlap with --layers {args.layers} --tokens {args.tokens} (host + device pools)",
     )
     with QuietLogs(), _OtherLoad() as others:
-        result = _run(plan, device=args.device, repeats=repeats)
+        result = _run(plan, device=args.device, repeats=repeats, timeline=args.timeline)
     if args.json:
-        sys.stdout.write(json.dumps({k: result[k] for k in KEYS}) + "\n")
+        keys = (*KEYS, "timeline") if args.timeline else KEYS
+        sys.stdout.write(json.dumps({k: result[k] for k in keys}) + "\n")
     else:
         sys.stdout.write(_human(result))
     busy = others.cores()
@@ -161,24 +174,59 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(plan: HostGroupPlan, *, device: str, repeats: int) -> dict[str, Any]:
+def _run(
+    plan: HostGroupPlan, *, device: str, repeats: int, timeline: bool = False
+) -> dict[str, Any]:
     import anyio
 
     from hicache.adapters.streams import SyntheticCompute
 
     threads = SyntheticCompute.torch_threads(1)  # one core for the copy worker, one for compute
     try:
-        result: dict[str, Any] = anyio.run(_measure, plan, device, repeats)
+        result: dict[str, Any] = anyio.run(_measure, plan, device, repeats, timeline)
     finally:
         SyntheticCompute.torch_threads(threads)
     return result
 
 
-async def _measure(plan: HostGroupPlan, device: str, repeats: int) -> dict[str, Any]:
+class _Stamps:
+    """Per-layer copy start/end stamps taken by a wrapper around the copy backend."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.copy: dict[int, list[float]] = {}
+
+    def wrap(self, inner: Any) -> Any:
+        stamps = self
+
+        class Stamped:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            @property
+            def transfer_layers(self) -> int:
+                return int(inner.transfer_layers)
+
+            def load_layer(self, layer: int, maps: Any) -> int:
+                if not stamps.on:
+                    return int(inner.load_layer(layer, maps))
+                start = time.perf_counter()
+                try:
+                    return int(inner.load_layer(layer, maps))
+                finally:
+                    stamps.copy[layer] = [start, time.perf_counter()]
+
+        return Stamped()
+
+
+async def _measure(
+    plan: HostGroupPlan, device: str, repeats: int, timeline: bool = False
+) -> dict[str, Any]:
     from hicache.adapters.streams import SyntheticCompute
     from hicache.bootstrap.runtime import open_runtime
 
-    async with open_runtime(plan, device=device, name="bench") as rt:
+    stamps = _Stamps()
+    async with open_runtime(plan, device=device, name="bench", wrap_transfer=stamps.wrap) as rt:
         host_pages = await _fill_host(rt)
         forward = SyntheticCompute(str(rt.device.device))
         layers = plan.transfer_layers
@@ -246,6 +294,24 @@ async def _measure(plan: HostGroupPlan, device: str, repeats: int) -> dict[str, 
             for name, fn in modes if r % 2 == 0 else modes[::-1]:
                 samples[name].append(await fn())
         signal = await _signal(engine, host_pages, layers, forward.synchronize)
+        traced: dict[str, Any] | None = None
+        if timeline:
+            stamps.on = True
+            t0 = time.perf_counter()
+            handle = await engine.load(host_pages)
+            t1 = time.perf_counter()
+            rows = []
+            for i in range(layers):
+                w0 = time.perf_counter()
+                handle.wait_layer(i)
+                w1 = time.perf_counter()
+                forward.layer()
+                forward.synchronize()
+                rows.append((i, w0, w1, time.perf_counter()))
+            await handle.wait()
+            engine.free_device(handle.device_pages)
+            stamps.on = False
+            traced = _timeline(t0, t1, rows, stamps.copy)
         stats = engine.statistics()
 
     ms = {name: statistics.median(v) * 1e3 for name, v in samples.items()}
@@ -267,6 +333,7 @@ async def _measure(plan: HostGroupPlan, device: str, repeats: int) -> dict[str, 
         "overlapped_ms": round(ms["overlapped"], 3),
         "exposed_fraction": round(exposed, 4),
         "signal_us_per_layer": round(signal * 1e6, 3),
+        "timeline": traced,
         # Extras for the human summary (not in the JSON document).
         "_tokens": plan.anchor.capacity,
         "_bytes_per_layer": plan.anchor.capacity * plan.anchor.bytes_per_unit_per_layer,
@@ -274,6 +341,34 @@ async def _measure(plan: HostGroupPlan, device: str, repeats: int) -> dict[str, 
         "_load_gbps": stats.load_gbps,
         "_backend": getattr(rt.transfer, "backends", {}),
         "_repeats": repeats,
+    }
+
+
+def _timeline(
+    t0: float,
+    t1: float,
+    rows: list[tuple[int, float, float, float]],
+    copies: dict[int, list[float]],
+) -> dict[str, Any]:
+    """The stamped round as milliseconds from its start (see the module docstring)."""
+
+    def ms(t: float) -> float:
+        return round((t - t0) * 1e3, 4)
+
+    layers = [
+        {
+            "layer": i,
+            "copy": [ms(x) for x in copies.get(i, [t0, t0])],
+            "wait": [ms(w0), ms(w1)],
+            "compute": [ms(w1), ms(c1)],
+        }
+        for i, w0, w1, c1 in rows
+    ]
+    return {
+        "submit": [0.0, ms(t1)],
+        "layers": layers,
+        "exposed_ms": round(sum((w1 - w0) * 1e3 for _, w0, w1, _ in rows), 4),
+        "first_copy_ms": ms(copies[0][0]) if 0 in copies else None,
     }
 
 

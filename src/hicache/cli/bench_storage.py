@@ -27,6 +27,7 @@ from hicache.cli._options import (
 )
 from hicache.domain import Layout
 
+MOONCAKE_KEYS = ("raw_put_gbps", "raw_get_gbps")  # the client's own speed (stores with one)
 KEYS = (
     "store",
     "pages",
@@ -91,6 +92,12 @@ def _human(doc: dict[str, Any]) -> str:
         f"x{doc['get_gbps'] / max(doc['raw_read_gbps'], 1e-9):.2f}",
         f"  exists {doc['exists_per_s']:,} keys/s",
     ]
+    if "raw_put_gbps" in doc:
+        lines.append(
+            f"  the client's own batch calls: put {doc['raw_put_gbps']:.2f} GB/s "
+            f"(store x{doc['put_gbps'] / max(doc['raw_put_gbps'], 1e-9):.2f}), get "
+            f"{doc['raw_get_gbps']:.2f} GB/s (store x{doc['get_gbps'] / max(doc['raw_get_gbps'], 1e-9):.2f})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -125,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        sys.stdout.write(json.dumps({k: doc[k] for k in KEYS}) + "\n")
+        keys = KEYS + tuple(k for k in MOONCAKE_KEYS if k in doc)
+        sys.stdout.write(json.dumps({k: doc[k] for k in keys}) + "\n")
     else:
         sys.stdout.write(_human(doc))
     return 0

@@ -6,7 +6,8 @@
 - _page(key): the record of a key the index knows (CacheStateError otherwise).
 - _has(page, tier, pool): whether a page has ``pool`` on ``tier`` (a pool that follows the
   anchor: the anchor's placement on DEVICE / HOST).
-- _evictable / _lru_add / _lru_remove / _touch: LRU stamps of unpinned, settled pages; touch
+- _evictable / _lru_add / _lru_remove / _touch: LRU stamps of unpinned, settled pages (the
+  ``_all`` forms do many pages at once, in order, as one run per slot); touch
   orders the anchor's pages tail-first and trailing pools' pages head-first.
 - _held_by_other / _hold / _unhold: which key each cached page id holds (a copy, or a
   destination reserved for one): a page id holds one key's bytes at a time.
@@ -87,17 +88,43 @@ class IndexState:
         for pool in self._owners if pools is None else pools:
             self._lru.unstamp(page, self._slot[tier, pool])
 
+    def _lru_add_all(self, pages: Sequence[PageRecord], tier: int) -> None:
+        """``_lru_add`` of each page, in order, as one run per slot (a long prompt's unpin)."""
+        if tier == Tier.STORAGE or not pages:
+            return
+        evictable = self._evictable
+        for pool in self._owners:
+
+            def admit(p: PageRecord, pool: PoolName = pool) -> bool:
+                at = p.at[tier]
+                return at is not None and pool in at and evictable(p, tier)
+
+            self._lru.touch(pages, self._slot[tier, pool], admit)
+
+    def _lru_remove_all(self, pages: Sequence[PageRecord], tier: int) -> None:
+        """``_lru_remove`` of each page (every owner pool's stamp on ``tier``)."""
+        if tier == Tier.STORAGE:
+            return
+        unstamp = self._lru.unstamp
+        for pool in self._owners:
+            slot = self._slot[tier, pool]
+            for p in pages:
+                if p.stamp[slot]:
+                    unstamp(p, slot)
+
     def _touch(self, pages: Sequence[PageRecord], *, enter: bool = False) -> None:
         """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
 
-        ``enter``: also stamp evictable pages that have no stamp yet (new placements).
+        ``enter``: also stamp evictable pages that have no stamp yet (new placements, which
+        only insert makes, and only on DEVICE: the other tiers' stamps are already right).
         """
         for (tier, pool), slot in self._slot.items():
-            if not enter and not self._lru.live(slot):
+            admits = enter and tier == Tier.DEVICE
+            if not admits and not self._lru.live(slot):
                 continue
             seq: Iterable[PageRecord] = pages if pool in self._trailing else reversed(pages)
             admit = None
-            if enter:
+            if admits:
 
                 def admit(p: PageRecord, tier: int = tier, pool: PoolName = pool) -> bool:
                     at = p.at[tier]
@@ -131,6 +158,11 @@ class IndexState:
     def _check_placement(
         self, where: Mapping[PoolName, int], what: str, *, fill: bool = False
     ) -> dict[PoolName, int]:
+        if type(where) is dict and len(where) == 1 and not fill:
+            # The common case (one anchor id), checked without the general path's passes.
+            pid = where.get(self._anchor)
+            if type(pid) is int and pid >= 0:
+                return {self._anchor: pid}
         if fill and not where:
             raise ConfigError(f"{what}: an empty placement")
         if self._anchor not in where and not fill:

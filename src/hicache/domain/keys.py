@@ -7,6 +7,10 @@
 - chain_keys: the keys of every FULL page of a token sequence (a trailing partial page has none),
   optionally continuing after a prior key.
 - page_hex / key_of_hex: between the digest and its 64-hex-digit text.
+- set_chain_hasher(hasher, name): hash long chains with another implementation of the same
+  chain (hicache.adapters.native_keys installs a C one); it is checked against this module's
+  chain on test vectors first, and refused (ConfigError) if any key differs. chain_hasher()
+  names the one in use ("python" by default).
 
 key(page 0) = sha256(LE-uint32 token ids of page 0); key(page n) = sha256(key(page n-1) digest
 bytes || LE-uint32 token ids of page n). This is SGLang's ``get_hash_str(token_ids, prior_hash)``
@@ -21,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hicache.domain.errors import ConfigError
 from hicache.domain.validators import is_int
@@ -34,15 +38,20 @@ _U32 = next(code for code in ("I", "L", "H") if array(code).itemsize == 4)
 _SWAP = sys.byteorder != "little"
 _sha256 = hashlib.sha256
 
+# (packed ids, bytes per page, prior key or None) -> the keys of every full page.
+ChainHasher = Callable[[bytes, int, "bytes | None"], "list[bytes]"]
+# Below this many pages the Python loop costs no more than a call into another implementation.
+_HASHER_MIN_PAGES = 32
+_hasher: ChainHasher | None = None
+_hasher_name = "python"
+
 
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as little-endian uint32 bytes; ConfigError names the first bad id."""
     try:
         packed = array(_U32, token_ids)
     except (OverflowError, TypeError):
-        bad = next(
-            (t for t in token_ids if not is_int(t) or not 0 <= int(t) < 2**32), token_ids
-        )
+        bad = next((t for t in token_ids if not is_int(t) or not 0 <= int(t) < 2**32), token_ids)
         raise ConfigError(
             f"token id {bad!r}: expected an integer in [0, 2**32) (packed as little-endian uint32)"
         ) from None
@@ -81,6 +90,13 @@ def chain_keys(
         packed = pack_tokens(token_ids)
     step = page_size * 4
     end = len(packed) // step * step
+    if _hasher is not None and end >= _HASHER_MIN_PAGES * step:
+        return _hasher(packed, step, prior)
+    return _python_chain(packed, step, prior)
+
+
+def _python_chain(packed: bytes, step: int, prior: PageKey | None) -> list[PageKey]:
+    end = len(packed) // step * step
     keys: list[PageKey] = []
     append = keys.append
     sha = _sha256
@@ -89,6 +105,41 @@ def chain_keys(
         h = sha(h + packed[off : off + step]).digest()
         append(h)
     return keys
+
+
+def set_chain_hasher(hasher: ChainHasher | None, *, name: str = "custom") -> None:
+    """Hash chains of 32 pages or more with ``hasher`` (None: this module's Python chain).
+
+    ``hasher(packed, page_bytes, prior)`` must give exactly this module's keys: it is run on
+    test vectors (page sizes 1, 3, 16 and 64, with and without a prior key, and a trailing
+    partial page) and refused with ConfigError naming the first differing case otherwise.
+    """
+    global _hasher, _hasher_name
+    if hasher is None:
+        _hasher, _hasher_name = None, "python"
+        return
+    if not callable(hasher):
+        raise ConfigError(f"chain hasher {hasher!r}: expected a callable, or None")
+    packed = pack_tokens([(i * 2654435761) % 2**32 for i in range(64 * 40 + 5)])
+    for page_size in (1, 3, 16, 64):
+        step = page_size * 4
+        for prior in (None, _sha256(b"prior").digest()):
+            want = _python_chain(packed, step, prior)
+            try:
+                got = list(hasher(packed, step, prior))
+            except Exception as e:  # a hasher that fails is refused like one that differs
+                got = [repr(e).encode()]
+            if got != want:
+                raise ConfigError(
+                    f"chain hasher {name!r}: its keys differ from sha256 chain keys at page size "
+                    f"{page_size} (prior {'set' if prior else 'none'}); not used"
+                )
+    _hasher, _hasher_name = hasher, name
+
+
+def chain_hasher() -> str:
+    """The name of the implementation that hashes long chains ("python" by default)."""
+    return _hasher_name
 
 
 def page_hex(key: PageKey) -> str:

@@ -39,6 +39,11 @@ class PoolName(enum.Enum):
     INDEXER = "indexer"
     DRAFT = "draft"
 
+    # Members are singletons compared by identity: hash them by identity too, in C. Enum's own
+    # __hash__ is a Python function (hash of the name), and placements are dicts keyed by
+    # pool: it was a tenth of the prefix index's insert (docs/benchmarks.md, bench cache).
+    __hash__ = object.__hash__
+
     @classmethod
     def parse(cls, value: str | PoolName) -> PoolName:
         if isinstance(value, PoolName):

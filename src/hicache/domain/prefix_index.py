@@ -19,8 +19,8 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
   victims are backed up first (their ids are freed by that backup's completion).
 - drop(tier, keys, pool=None): forget pages (or one pool's objects) on a tier now (e.g. a storage
   MISS); returns their ids to free.
-- placement(tier, key), statistics(), validate() (hicache.domain.index_pages holds the page
-  record, the counts and the invariant checks).
+- placement(tier, key) / placements(tier, keys), statistics(), validate() (the page record,
+  the counts and the invariant checks are in hicache.domain.index_pages).
 
 LRU order: one TickLru slot per (tier, owning pool) (hicache.domain.lru). Pinned, in-flight
 and evicting pages carry no stamp, so eviction never picks them. match and insert touch the
@@ -31,7 +31,9 @@ checkpoint nearest the deepest boundary stay longest).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from typing import cast
 
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.hybrid import usable_boundary
@@ -74,6 +76,15 @@ class PrefixIndex(IndexTransfers):
         page = self._pages.get(key)
         at = page.at[tier] if page is not None else None
         return dict(at) if at is not None else None
+
+    def placements(self, tier: Tier, keys: Sequence[bytes]) -> list[Placement | None]:
+        """``placement(tier, k)`` of every key, in one pass (a long prompt's hit)."""
+        out: list[Placement | None] = []
+        append = out.append
+        for page in map(self._pages.get, keys):
+            at = page.at[tier] if page is not None else None
+            append(dict(at) if at is not None else None)
+        return out
 
     def pins(self, tier: Tier, key: bytes) -> int:
         page = self._pages.get(key)
@@ -171,30 +182,44 @@ class PrefixIndex(IndexTransfers):
 
     # ---- pins ------------------------------------------------------------------------------
 
+    def _pages_of(self, keys: Sequence[bytes]) -> list[PageRecord]:
+        """The records of ``keys`` (CacheStateError naming the first key the index lacks)."""
+        found = list(map(self._pages.get, keys))
+        if None in found:
+            self._page(keys[found.index(None)])  # raises, naming it
+        return cast("list[PageRecord]", found)
+
     def pin(self, tier: Tier, keys: Sequence[bytes]) -> None:
         """Protect pages on ``tier`` from eviction; each must be there. All or nothing."""
-        pages = [self._page(k) for k in keys]
+        pages = self._pages_of(keys)
         missing = [p.key.hex()[:16] for p in pages if p.at[tier] is None]
         if missing:
             raise CacheStateError(f"pin: pages {missing} are not on {tier.name}")
+        first: list[PageRecord] = []
         for p in pages:
-            p.pins[tier] += 1
-            if p.pins[tier] == 1:
-                self._lru_remove(p, tier)
+            pins = p.pins
+            pins[tier] += 1
+            if pins[tier] == 1:
+                first.append(p)
+        self._lru_remove_all(first, tier)
 
     def unpin(self, tier: Tier, keys: Sequence[bytes]) -> None:
         """Undo one pin per page; CacheStateError (changing nothing) below zero."""
-        pages = [self._page(k) for k in keys]
-        counts: dict[bytes, int] = {}
-        for p in pages:
-            counts[p.key] = counts.get(p.key, 0) + 1
-        over = [k.hex()[:16] for k, c in counts.items() if self._pages[k].pins[tier] < c]
+        pages = self._pages_of(keys)
+        counts = Counter(keys)
+        if len(counts) == len(pages):  # no key twice: each needs one pin
+            over = [p.key.hex()[:16] for p in pages if p.pins[tier] < 1]
+        else:
+            over = [k.hex()[:16] for k, c in counts.items() if self._pages[k].pins[tier] < c]
         if over:
             raise CacheStateError(f"unpin: pages {over} are not pinned on {tier.name}")
+        freed: list[PageRecord] = []
         for p in pages:
-            p.pins[tier] -= 1
-            if p.pins[tier] == 0:
-                self._lru_add(p, tier)
+            pins = p.pins
+            pins[tier] -= 1
+            if not pins[tier]:
+                freed.append(p)
+        self._lru_add_all(freed, tier)  # in key order, as one _lru_add per page would
 
     # ---- eviction ----------------------------------------------------------------------------
 

@@ -117,6 +117,12 @@ class Submitting(Settling):
                     op.error = e
         for step in range(steps):
             batch.submit_step(step, self._streams)
+            if step == 0 and steps > 1:
+                # Hand the GIL over once: a CPU copy worker needs it to begin layer 0, and
+                # otherwise waited until this thread had submitted every layer and blocked in
+                # wait_layer, which put the whole submission in series with layer 0's copy
+                # (bench overlap --timeline: the first copy began only after submit returned).
+                time.sleep(0)
         # Only now: a forward pass on another thread that sees the batch must find every
         # step's event recorded (an event not recorded yet reads as finished).
         for op in ops:

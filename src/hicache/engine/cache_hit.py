@@ -61,13 +61,13 @@ async def find_hit(
     index, hits = cache.index, cache.hits
     keys = chain_keys(token_ids, cache.page_size)
     m = index.match(keys)
-    dev_at = [index.placement(Tier.DEVICE, k) for k in keys[: m.host_pages]]
+    dev_at = index.placements(Tier.DEVICE, keys[: m.host_pages])
     if hits.single_owner:
         # Every placement holds the one owner: the index's boundaries are the loadable ones.
         host_at: list[Placement | None] = []
         d, h = m.device_pages, m.host_pages
     else:
-        host_at = [index.placement(Tier.HOST, k) for k in keys[: m.host_pages]]
+        host_at = index.placements(Tier.HOST, keys[: m.host_pages])
         d = hits.boundary(m.device_pages, dev_at, None)
         h = hits.boundary(m.host_pages, dev_at, host_at)
     # Pin what was read before any await: a concurrent eviction during the storage hint

@@ -287,17 +287,27 @@ class NativeLibrary:
         )
 
 
-def _library_name(compiler: str) -> str:
+def _library_name(
+    compiler: str, source: str = NATIVE_SOURCE, stem: str = "memcpy", abi: int = ABI_VERSION
+) -> str:
     digest = hashlib.sha256(
-        "\0".join(
-            (NATIVE_SOURCE, compiler, *_FLAGS, sys.platform, platform.machine(), str(ABI_VERSION))
-        ).encode()
+        "\0".join((source, compiler, *_FLAGS, sys.platform, platform.machine(), str(abi))).encode()
     ).hexdigest()[:16]
-    return f"hicache-memcpy-{digest}.so"
+    return f"hicache-{stem}-{digest}.so"
 
 
-def _build(compiler: str, directory: Path) -> Path:
-    target = directory / _library_name(compiler)
+def _build(
+    compiler: str,
+    directory: Path,
+    *,
+    source: str = NATIVE_SOURCE,
+    stem: str = "memcpy",
+    abi: int = ABI_VERSION,
+    what: str = "the native memcpy helper",
+    fallback: str = "choose the portable backend 'torch' explicitly",
+) -> Path:
+    """Compile ``source`` (once per source, compiler and platform) into ``directory``."""
+    target = directory / _library_name(compiler, source, stem, abi)
     if target.exists():
         return target
     try:
@@ -305,14 +315,14 @@ def _build(compiler: str, directory: Path) -> Path:
     except OSError as e:
         raise NativeBuildError(
             f"cannot create the native build folder {str(directory)!r}: {e.strerror}; set "
-            f"HICACHE_NATIVE_DIR to a writable folder, or use backend 'torch'"
+            f"HICACHE_NATIVE_DIR to a writable folder, or {fallback}"
         ) from e
     fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
     os.close(fd)
     tmp = Path(tmp_name)
     src = tmp.with_suffix(".c")
     try:
-        src.write_text(NATIVE_SOURCE, encoding="utf-8")
+        src.write_text(source, encoding="utf-8")
         try:
             done = subprocess.run(
                 [compiler, *_FLAGS, "-o", str(tmp), str(src)],
@@ -323,20 +333,18 @@ def _build(compiler: str, directory: Path) -> Path:
             )
         except FileNotFoundError as e:
             raise NativeBuildError(
-                f"cannot build the native memcpy helper: C compiler {compiler!r} not found "
-                f"(set CC to a C compiler, or choose the portable backend 'torch' explicitly)"
+                f"cannot build {what}: C compiler {compiler!r} not found "
+                f"(set CC to a C compiler, or {fallback})"
             ) from e
         except (OSError, subprocess.TimeoutExpired) as e:
             raise NativeBuildError(
-                f"cannot build the native memcpy helper with {compiler!r}: {e} (choose the "
-                f"portable backend 'torch' explicitly to run without it)"
+                f"cannot build {what} with {compiler!r}: {e} ({fallback} to run without it)"
             ) from e
         if done.returncode != 0:
             output = (done.stderr or done.stdout).strip().splitlines()[-5:]
             raise NativeBuildError(
-                f"cannot build the native memcpy helper: {compiler!r} exited with "
-                f"{done.returncode}: {' | '.join(output)} (choose the portable backend 'torch' "
-                f"explicitly to run without it)"
+                f"cannot build {what}: {compiler!r} exited with "
+                f"{done.returncode}: {' | '.join(output)} ({fallback} to run without it)"
             )
         os.replace(tmp, target)
     finally:

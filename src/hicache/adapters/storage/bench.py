@@ -9,6 +9,12 @@ Each round runs raw write (a fresh file, no fsync) then raw read (page cache war
 just written), and store remove (so the puts write), put, exists, get (page cache warm: the
 objects were just written); the raw and the store halves alternate which goes first, after one
 uncounted warm-up round. Raw I/O moves the pool's whole buffers in 64 MiB chunks.
+
+A store with a ``raw_client()`` (Mooncake) is also timed through that client directly, in the
+same rounds and on the same pages: ``batch_put_from_multi_buffers`` from the source pool's
+registered pages and ``batch_get_into_multi_buffers`` into the destination pool's (fresh keys,
+checked and removed): ``raw_put_gbps`` / ``raw_get_gbps``, the client's own speed, against which
+the store's put and get are compared.
 """
 
 from __future__ import annotations
@@ -122,7 +128,10 @@ def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
         total = pages * page_bytes
         raw_path = bench.raw_dir / f"hicache-bench-raw-{os.getpid()}"
         loops = max(1, EXISTS_PROBES // pages)
-        rounds: dict[str, list[float]] = {k: [] for k in ("raw_w", "raw_r", "put", "get", "ex")}
+        rounds: dict[str, list[float]] = {
+            k: [] for k in ("raw_w", "raw_r", "put", "get", "ex", "client_put", "client_get")
+        }
+        client = _raw_client(store)
 
         def raw_round(times: dict[str, float]) -> None:
             raw_path.unlink(missing_ok=True)
@@ -141,11 +150,19 @@ def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
             _check("put", got[0])
             _check("get", got[1])
 
+        def client_round(times: dict[str, float]) -> None:
+            if client is not None:
+                names = [f"raw-{k}" for k in key_rounds[r]]
+                times["client_put"], times["client_get"] = _client_round(
+                    client, names, put_bufs, get_bufs
+                )
+
         try:
             # One warm-up round, not counted; then the order of raw and store I/O alternates.
             for r in range(bench.repeats + 1):
                 times: dict[str, float] = {}
-                for step in (raw_round, store_round) if r % 2 else (store_round, raw_round):
+                steps = (raw_round, client_round, store_round)
+                for step in steps if r % 2 else steps[::-1]:
                     step(times)
                 if r:
                     for k, v in times.items():
@@ -163,6 +180,9 @@ def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
     def gbps(key: str) -> float:
         return round(total / statistics.median(rounds[key]) / 1e9, 3)
 
+    extra = {}
+    if client is not None:
+        extra = {"raw_put_gbps": gbps("client_put"), "raw_get_gbps": gbps("client_get")}
     return {
         "store": store.name,
         "pages": pages,
@@ -172,4 +192,51 @@ def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
         "exists_per_s": round(pages * loops / statistics.median(rounds["ex"])),
         "raw_read_gbps": gbps("raw_r"),
         "raw_write_gbps": gbps("raw_w"),
+        **extra,
     }
+
+
+def _raw_client(store: Store) -> Any:
+    """The client of a store that has one, looking through wrappers (DelegatingStore.inner)."""
+    layer: Any = store
+    for _ in range(8):
+        get = getattr(layer, "raw_client", None)
+        if callable(get):
+            return get()
+        layer = getattr(layer, "inner", None)
+        if layer is None:
+            break
+    return None
+
+
+def _addresses(buffers: list[PageBuffer]) -> tuple[list[list[int]], list[list[int]]]:
+    from hicache.adapters.storage.mooncake import buffer_address
+
+    ptrs = [[buffer_address(v) for v in buf if v.nbytes] for buf in buffers]
+    sizes = [[v.nbytes for v in buf if v.nbytes] for buf in buffers]
+    return ptrs, sizes
+
+
+def _client_round(
+    client: Any, names: list[str], put_bufs: list[PageBuffer], get_bufs: list[PageBuffer]
+) -> tuple[float, float]:
+    """(put seconds, get seconds) of the client's own batch calls on the same pages."""
+    src_ptrs, sizes = _addresses(put_bufs)
+    dst_ptrs, _ = _addresses(get_bufs)
+    put: list[int] = []
+    got: list[int] = []
+    try:
+        t_put = _timed(
+            lambda: put.extend(client.batch_put_from_multi_buffers(names, src_ptrs, sizes))
+        )
+        t_get = _timed(
+            lambda: got.extend(client.batch_get_into_multi_buffers(names, dst_ptrs, sizes))
+        )
+    finally:
+        client.batch_remove(names)
+    if any(code != 0 for code in put):
+        raise StoreError(f"bench: the Mooncake client's own put answered {sorted(set(put))}")
+    want = [sum(s) for s in sizes]
+    if got != want:
+        raise StoreError(f"bench: the Mooncake client's own get answered {got[:4]}..., not sizes")
+    return t_put, t_get

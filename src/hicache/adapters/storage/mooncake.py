@@ -171,6 +171,11 @@ class MooncakeStore:
     def name(self) -> str:
         return NAME
 
+    def raw_client(self) -> Any:
+        """The Mooncake client itself, for ``bench storage``'s baseline (its own zero-copy batch
+        calls on the same registered pages); StoreError once closed."""
+        return self._live()
+
     @classmethod
     def open(cls, config: MooncakeConfig, *, provide_host_memory: bool = True) -> MooncakeStore:
         """A client set up against ``config``'s master; StoreError within setup_timeout_s.
