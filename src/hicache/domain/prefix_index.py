@@ -32,7 +32,7 @@ checkpoint nearest the deepest boundary stay longest).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 from hicache.domain.errors import CacheStateError, ConfigError
@@ -54,6 +54,30 @@ from hicache.domain.tiers import (
 )
 
 _TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
+
+
+def _single_pool_boundaries(
+    found: Iterator[PageRecord | None], pages: list[PageRecord]
+) -> tuple[int, int, int]:
+    """(device, host, storage) leading counts of ``found`` (stopping at the first None),
+    appending the pages up to the storage boundary to ``pages``."""
+    append = pages.append
+    p: PageRecord | None = None
+    for p in found:
+        if p is None or p.at[0] is None:
+            break
+        append(p)
+    else:
+        p = None
+    dev = len(pages)
+    while p is not None and (p.at[0] is not None or p.at[1] is not None):
+        append(p)
+        p = next(found, None)
+    host = len(pages)
+    while p is not None and any(p.at):
+        append(p)
+        p = next(found, None)
+    return dev, host, len(pages)
 
 
 class PrefixIndex(IndexTransfers):
@@ -94,25 +118,19 @@ class PrefixIndex(IndexTransfers):
         """Leading pages restorable from device, from device or host, from any tier."""
         pages: list[PageRecord] = []
         get = self._pages.get
-        for k in keys:
-            p = get(k)
-            if p is None:
-                break
-            pages.append(p)
-        n = len(pages)
         if len(self.rules.rules) == 1:
-            # One pool: a page is usable on a tier iff it has a placement there.
-            i = 0
-            while i < n and pages[i].at[0] is not None:
-                i += 1
-            dev = i
-            while i < n and (pages[i].at[0] is not None or pages[i].at[1] is not None):
-                i += 1
-            host = i
-            while i < n and any(pages[i].at):
-                i += 1
-            sto = i
+            # One pool: a page is usable on a tier iff it has a placement there. One pass looks
+            # each page up and checks it while its record is in cache (a long prompt's records
+            # do not all fit: a second pass over them missed again, the larger part of a
+            # 131,072-page match). Pages past the storage boundary are not needed.
+            dev, host, sto = _single_pool_boundaries(map(get, keys), pages)
         else:
+            for k in keys:
+                p = get(k)
+                if p is None:
+                    break
+                pages.append(p)
+            n = len(pages)
             levels = []
             for level in _TIERS:
 
