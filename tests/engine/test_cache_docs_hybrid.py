@@ -43,4 +43,5 @@ def test_the_sliding_window_loop_restores_only_the_window(
     assert result["counts"] == {PoolName.KV: 12, PoolName.SWA: 8}
     assert result["window_pages"] == list(range(4, 12))
     assert result["again"] == 13
-    assert capsys.readouterr().out.startswith("12 ")
+    # The example prints one line (log lines may come before it when logging goes to stdout).
+    assert capsys.readouterr().out.splitlines()[-1].startswith("12 ")
