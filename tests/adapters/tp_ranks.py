@@ -97,11 +97,17 @@ def _barrier(name: str, rank: int) -> None:
     store.wait([f"test/barrier/{name}/{r}" for r in range(2)], datetime.timedelta(seconds=60))
 
 
-async def _first(ranks: TorchRankAgreement, rank: int, values: tuple[int, ...]) -> list[int]:
-    """The pair's first agreement, after a barrier; a second barrier: both have its outcome."""
+async def _first(
+    ranks: TorchRankAgreement, rank: int, values: tuple[int, ...], out: Path
+) -> list[int]:
+    """The pair's first agreement, after a barrier; then each rank waits until the other has
+    its outcome too (files, not the store: its host may die or stop right after, and a store
+    wait it left unanswered would fail or hang)."""
     _barrier("first", rank)
     got = list(await ranks.agree_min(values))
-    _barrier("first_done", rank)
+    (out / f"first_done.{rank}").write_text("")
+    other = out / f"first_done.{1 - rank}"
+    await _wait_until(f"rank {1 - rank}'s first outcome", other.exists)
     return got
 
 
@@ -119,7 +125,7 @@ def _stats(ranks: TorchRankAgreement) -> dict[str, Any]:
 
 async def _dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
-    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank, 7 - rank))}
+    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank, 7 - rank), out)}
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     plan, settings = stack_plan("dense")
@@ -137,7 +143,7 @@ async def _dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, A
 
 async def _late(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
-    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,))}
+    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,), out)}
     gave_up = out / "rank0_gave_up"
     if rank == 1:  # alive, but calling only once rank 0's deadline has passed and it returned
         await _wait_until("rank 0's late call", gave_up.exists)
@@ -155,7 +161,7 @@ async def _late(rank: int, out: Path, deadline: float, port: int) -> dict[str, A
 
 async def _store_dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
-    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,))}
+    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,), out)}
     if rank == 0:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -186,7 +192,7 @@ async def _store_hung(rank: int, out: Path, deadline: float, port: int) -> dict[
     pid_file = out / "rank0.pid"
     if rank == 0:
         pid_file.write_text(str(os.getpid()))
-    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,))}
+    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,), out)}
     if rank == 0:
         os.kill(os.getpid(), signal.SIGSTOP)  # the store's host stops answering (the test kills it)
     pid = int(pid_file.read_text())
