@@ -31,9 +31,9 @@ from tests.adapters import tp_ranks
 DEADLINE = 3.0  # seconds, for the calls where a rank is dead, late or hung
 # Where no miss is expected (the ranks do different work between calls): not what is tested.
 NO_MISS_DEADLINE = 60.0
-# Upper bounds on elapsed times prove "no hang" (a hung store call takes 60 s, the store's
-# timeout); what a contended machine adds past the expected time is not the code's, so it is
-# bounded this loosely.
+# Upper bounds on elapsed times prove "no hang" (without the guard, a store call to a stopped
+# host did not return within 180 s); what a contended machine adds past the expected time is
+# not the code's, so it is bounded this loosely.
 NO_HANG = 20.0
 
 
