@@ -4,9 +4,14 @@
   (the store lives in rank 0), runs ``scenario`` and writes what it saw to ``out/<rank>.json``.
 - Scenarios: "agree" (a cache per rank holding different pages: match and prefetch agree on
   the minimum), "dead" (rank 1 SIGKILLs itself; rank 0's match misses within the deadline),
-  "late" (rank 1 calls after rank 0's deadline: both miss, then both agree again), "store_dead"
-  (rank 0, the store's host, SIGKILLs itself; rank 1 misses at once), "store_hung" (rank 0
-  SIGSTOPs itself: rank 1's store calls hang, its guard gives up at deadline + grace).
+  "late" (rank 1 calls once rank 0 gave up at its deadline: both miss, then both agree again),
+  "store_dead" (rank 0, the store's host, SIGKILLs itself; rank 1 misses at once),
+  "store_hung" (rank 0 SIGSTOPs itself: rank 1's store calls hang, its guard gives up at
+  deadline + grace).
+- No timing race: a call that must agree follows a barrier through the store (60 s), a rank
+  that must come late waits for the other's miss, the call after a rank's death or stop waits
+  until it is dead (its port refuses) or stopped (/proc); ``before`` is the statistics just
+  before the call under test.
 """
 
 from __future__ import annotations
@@ -83,85 +88,120 @@ async def _agree(rank: int, out: Path, deadline: float, port: int) -> dict[str, 
     return seen
 
 
+def _barrier(name: str, rank: int) -> None:
+    """Both ranks reach ``name`` before either goes on: keys in the default store, waited for
+    up to 60 s. A call that must agree follows one, so that neither rank's start-up or load
+    spends its deadline; the deadline then only measures the code under test."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"test/barrier/{name}/{rank}", "1")
+    store.wait([f"test/barrier/{name}/{r}" for r in range(2)], datetime.timedelta(seconds=60))
+
+
+async def _first(
+    ranks: TorchRankAgreement, rank: int, values: tuple[int, ...], out: Path
+) -> list[int]:
+    """The pair's first agreement, after a barrier; then each rank waits until the other has
+    its outcome too (files, not the store: its host may die or stop right after, and a store
+    wait it left unanswered would fail or hang)."""
+    _barrier("first", rank)
+    got = list(await ranks.agree_min(values))
+    (out / f"first_done.{rank}").write_text("")
+    other = out / f"first_done.{1 - rank}"
+    await _wait_until(f"rank {1 - rank}'s first outcome", other.exists)
+    return got
+
+
+async def _wait_until(what: str, ready: Any) -> None:
+    stop = time.monotonic() + 60
+    while not ready():
+        if time.monotonic() > stop:
+            raise TimeoutError(f"tp_ranks: {what} did not happen within 60 s")
+        await anyio.sleep(0.02)
+
+
+def _stats(ranks: TorchRankAgreement) -> dict[str, Any]:
+    return attrs.asdict(ranks.statistics())
+
+
 async def _dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
-    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank, 7 - rank)))}
+    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank, 7 - rank), out)}
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     plan, settings = stack_plan("dense")
     async with open_cache(plan, settings=settings, ranks=ranks) as rt:
         req = Request(rt, 4)
         await req.insert(rt.cache)
+        seen["before"] = _stats(ranks)
         started = time.monotonic()
         async with await rt.cache.match(req.tokens) as m:
             seen["elapsed"] = time.monotonic() - started
             seen["match"] = _hit(m)
-    seen["statistics"] = attrs.asdict(ranks.statistics())
+    seen["statistics"] = _stats(ranks)
     return seen
 
 
 async def _late(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
-    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
-    if rank == 1:
-        await anyio.sleep(deadline + 3.0)  # alive, but not calling within rank 0's deadline
+    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,), out)}
+    gave_up = out / "rank0_gave_up"
+    if rank == 1:  # alive, but calling only once rank 0's deadline has passed and it returned
+        await _wait_until("rank 0's late call", gave_up.exists)
     started = time.monotonic()
     seen["late_call"] = list(await ranks.agree_min((10 + rank, 3)))
     seen["elapsed"] = time.monotonic() - started
-    # The next call pairs again: rank 0 starts it once rank 1 is past the late one.
-    if rank == 1:
-        (out / "late_done").write_text("")
-    else:
-        stop = time.monotonic() + 60
-        while not (out / "late_done").exists() and time.monotonic() < stop:
-            await anyio.sleep(0.05)
+    if rank == 0:
+        gave_up.write_text("")
+    # The next call pairs again.
+    _barrier("next", rank)
     seen["next_call"] = list(await ranks.agree_min((20 + rank, 4 - rank)))
-    seen["statistics"] = attrs.asdict(ranks.statistics())
+    seen["statistics"] = _stats(ranks)
     return seen
-
-
-async def _first_done(rank: int, out: Path) -> None:
-    """Rank 1 says it has its first outcome; rank 0 (the store's host) waits for that."""
-    if rank == 1:
-        (out / "first_done").write_text("")
-        return
-    stop = time.monotonic() + 60
-    while not (out / "first_done").exists() and time.monotonic() < stop:
-        await anyio.sleep(0.02)
 
 
 async def _store_dead(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline)
-    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
-    await _first_done(rank, out)
+    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,), out)}
     if rank == 0:
         os.kill(os.getpid(), signal.SIGKILL)
-    # Wait until rank 0 is gone, and the store it hosted with it (its port refuses).
-    stop = time.monotonic() + 60
-    while time.monotonic() < stop:
+
+    def refused() -> bool:  # rank 0 is gone, and the store it hosted with it
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
         except OSError:
-            break
-        await anyio.sleep(0.05)
+            return True
+        return False
+
+    await _wait_until("the store host's death", refused)
+    seen["before"] = _stats(ranks)
     started = time.monotonic()
     seen["after"] = list(await ranks.agree_min((9,)))
     seen["elapsed"] = time.monotonic() - started
-    seen["statistics"] = attrs.asdict(ranks.statistics())
+    seen["statistics"] = _stats(ranks)
     return seen
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP): its state in /proc is T."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] in "Tt"
 
 
 async def _store_hung(rank: int, out: Path, deadline: float, port: int) -> dict[str, Any]:
     ranks = TorchRankAgreement(dist.group.WORLD, deadline_s=deadline, grace_s=GRACE)
-    seen: dict[str, Any] = {"first": list(await ranks.agree_min((5 + rank,)))}
-    await _first_done(rank, out)
+    pid_file = out / "rank0.pid"
+    if rank == 0:
+        pid_file.write_text(str(os.getpid()))
+    seen: dict[str, Any] = {"first": await _first(ranks, rank, (5 + rank,), out)}
     if rank == 0:
         os.kill(os.getpid(), signal.SIGSTOP)  # the store's host stops answering (the test kills it)
-    await anyio.sleep(0.3)
+    pid = int(pid_file.read_text())
+    await _wait_until("rank 0's stop", lambda: _stopped(pid))
+    seen["before"] = _stats(ranks)
     started = time.monotonic()
     seen["after"] = list(await ranks.agree_min((9,)))
     seen["elapsed"] = time.monotonic() - started
-    seen["statistics"] = attrs.asdict(ranks.statistics())
+    seen["statistics"] = _stats(ranks)
     return seen
 
 
