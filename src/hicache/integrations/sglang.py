@@ -21,6 +21,7 @@ SGLang; nothing else in hicache does (an import-linter contract keeps it so).
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import functools
 import hashlib
 import itertools
@@ -104,6 +105,10 @@ class _Pool:
     tier: StorageTier
     namespace: str
     replicated: bool
+
+
+def _plain(_inst: object, _field: object, value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def _slug(model: str) -> str:
@@ -506,7 +511,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 "zero_copy": p.pages.zero_copy,
                 "copy_reason": p.pages.copy_reason,
                 "page_bytes": p.pages.flat_nbytes,
-                "tier": attrs.asdict(p.tier.statistics()),
+                "tier": attrs.asdict(p.tier.statistics(), value_serializer=_plain),
             }
             for name, p in list(self._pools.items())
         }
