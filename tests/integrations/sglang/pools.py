@@ -128,7 +128,9 @@ def mamba_pool(
     )
 
 
-def minimax_index_pool(anchor: Any, layout: str, *, layers: int = 2, row_bytes: int = 48) -> Any:
+def minimax_index_pool(
+    anchor: Any, layout: str, *, layers: int = 2, row_bytes: int = 48, allocator: str = "default"
+) -> Any:
     """SGLang's MiniMax (M3, NVFP4) index-K side pool beside ``anchor`` (same pages)."""
     from sglang.srt.mem_cache.device_pool_info import PageRowBufferInfo
     from sglang.srt.mem_cache.pool_host.minimax_m3_nvfp4 import MiniMaxM3Nvfp4IndexKPoolHost
@@ -143,11 +145,20 @@ def minimax_index_pool(anchor: Any, layout: str, *, layers: int = 2, row_bytes: 
         num_pages=pages,
     )
     return MiniMaxM3Nvfp4IndexKPoolHost(
-        info, anchor, layout, pin_memory=False, device="cpu", start_layer=0, end_layer=layers
+        info,
+        anchor,
+        layout,
+        pin_memory=False,
+        device="cpu",
+        allocator_type=allocator,
+        start_layer=0,
+        end_layer=layers,
     )
 
 
-def dsa_indexer_pool(anchor: Any, *, layers: int = 3, bytes_per_token: int = 20) -> Any:
+def dsa_indexer_pool(
+    anchor: Any, *, layers: int = 3, bytes_per_token: int = 20, allocator: str = "default"
+) -> Any:
     """SGLang's DSA indexer side pool beside an MLA ``anchor``. Its device side is a minimal
     stand-in (the attributes the host pool reads: per-layer index buffers, layers, dtype): a real
     DSATokenToKVPool needs CUDA kernels; no device transfer runs in these tests."""
@@ -182,7 +193,9 @@ def dsa_indexer_pool(anchor: Any, *, layers: int = 3, bytes_per_token: int = 20)
         ),
         host_pool_builder=None,
     )
-    return DSAIndexerPoolHost(decl, anchor, pin_memory=False, device="cpu")
+    return DSAIndexerPoolHost(
+        decl, anchor, pin_memory=False, device="cpu", allocator_type=allocator
+    )
 
 
 def fill_page(pool: Any, token: int, seed: int) -> bytes:
