@@ -268,6 +268,11 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             )
             return default
 
+    def _deadline(self) -> float:
+        # One SGLang call (up to 128 pages) gets deadline_s in all; each store call inside it
+        # gets what is left (StorageTier passes min(call deadline, this) to the store).
+        return time.monotonic() + self.settings.deadline_s
+
     def _unstick(self, _future: concurrent.futures.Future[Any]) -> None:
         with self._lock:
             self._stuck -= 1
@@ -287,7 +292,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     def _read(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
         ids = self._buffers.add(buffers)
         start = time.perf_counter()
-        read = functools.partial(pool.tier.read, deadline=None)
+        read = functools.partial(pool.tier.read, deadline=self._deadline())
         args = ([page_key(k) for k in keys], {pool.tier.pools[0]: ids})
         ok: list[bool] = self._run([False] * len(keys), read, *args, ids=ids) if keys else []
         self._note("prefetch", pool, sum(ok), time.perf_counter() - start)
@@ -300,7 +305,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             return [True] * len(keys)
         ids = self._buffers.add(buffers)
         start = time.perf_counter()
-        write = functools.partial(pool.tier.write, deadline=None)
+        write = functools.partial(pool.tier.write, deadline=self._deadline())
         args = ([page_key(k) for k in keys], {pool.tier.pools[0]: ids})
         ok: list[bool] = self._run([False] * len(keys), write, *args, ids=ids) if keys else []
         self._note("backup", pool, sum(ok), time.perf_counter() - start)

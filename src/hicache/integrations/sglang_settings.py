@@ -86,7 +86,7 @@ class BackendSettings:
 
     store: str = attrs.field(default="directory", validator=_store_name)
     store_path: str | None = attrs.field(default=None, validator=_path)
-    deadline_s: float = attrs.field(default=5.0, validator=_positive)
+    deadline_s: float = attrs.field(default=10.0, validator=_positive)
     grace_s: float = attrs.field(default=2.0, validator=_positive)
     breaker_threshold: int = attrs.field(default=5, validator=_positive_int)
     breaker_cooldown_s: float = attrs.field(default=10.0, validator=_positive)
