@@ -153,6 +153,15 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         self.settings = BackendSettings.parse(extra)
         self.storage_config = storage_config
         self.interface_v1 = bool(extra.get("interface_v1", 0))
+        # Mooncake moves bytes only from and to host memory registered with it: the pools'
+        # (zero-copy) memory, never SGLang's per-call flat pages or a staging page.
+        self.zero_copy_only = self.settings.store == "mooncake"
+        if self.zero_copy_only and not self.interface_v1:
+            raise ConfigError(
+                "hicache sglang backend key 'interface_v1': store 'mooncake' needs "
+                "interface_v1: 1 (the legacy calls hand over flat page copies, which Mooncake "
+                "cannot read or write)"
+            )
         given = (kwargs or {}).get("store")
         if given is not None and not isinstance(given, Store):
             raise ConfigError(
@@ -198,6 +207,16 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
 
     def _add_pool(self, name: str, pool: Any) -> None:
         pages = PoolPages(name, pool)
+        if self.zero_copy_only and not pages.zero_copy:
+            raise ConfigError(
+                f"HiCacheBackend: pool {name!r} ({type(pool).__name__}, layout "
+                f"{pages.layout!r}) has no zero-copy segments ({pages.copy_reason}): store "
+                f"{self.settings.store!r} cannot serve it; use a page_first layout or store "
+                "'directory'"
+            )
+        if pages.zero_copy:
+            # Zero-copy stores (Mooncake) must know the host memory first; others ignore it.
+            self.store.register(pages.regions())
         namespace, replicated = pool_namespace(self.storage_config, name, pages)
         try:
             internal = PoolName.parse(name)

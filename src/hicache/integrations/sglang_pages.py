@@ -55,6 +55,10 @@ def _region(address: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
 
 
+def _address(view: memoryview) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
 def _meta(pool: Any, token: int, page_size: int) -> tuple[list[int], list[int]]:
     ptrs, sizes = pool.get_page_buffer_meta(torch.arange(token, token + page_size))
     return [int(p) for p in ptrs], [int(s) for s in sizes]
@@ -132,6 +136,18 @@ class PoolPages:
             self._strides.append(strides[j])
             self._sizes.append(s0[j])
         self.copy_reason = ""
+
+    def regions(self) -> list[memoryview]:
+        """The pool memory its zero-copy segments lie in, as disjoint byte ranges (what a
+        zero-copy store such as Mooncake registers once)."""
+        spans = sorted((_address(b), _address(b) + b.nbytes) for b in self._bases)
+        merged: list[list[int]] = []
+        for start, end in spans:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return [_region(start, end - start) for start, end in merged]
 
     @property
     def zero_copy(self) -> bool:
