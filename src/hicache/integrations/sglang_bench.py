@@ -231,6 +231,14 @@ def _detects_corruption(side: _Side, bench: SglangBench) -> bool:
 def run_sglang_bench(bench: SglangBench) -> dict[str, Any]:
     if bench.pages < 1 or bench.repeats < 1:
         raise ConfigError(f"bench sglang: pages and repeats must be >= 1, got {bench}")
+    page = 2 * bench.layers * bench.page_size * bench.heads * bench.head_dim * 2
+    need = 2 * bench.pages * page
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > ram // 2:
+        raise ConfigError(
+            f"bench sglang: --pages {bench.pages} of {page} bytes needs a host pool of {need} "
+            f"bytes (two halves): expected at most half of this machine's {ram} bytes of memory"
+        )
     pool = host_pool(bench)
     ps = bench.page_size
     flat = pool.kv_buffer.view(-1).view(torch.uint8)

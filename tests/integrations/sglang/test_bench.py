@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -34,8 +35,15 @@ def test_bench_sglang_prints_both_backends_figures_and_corruption(
     assert isinstance(doc["corruption_detected"]["hicache_file"], bool)
 
 
-def test_bench_sglang_bad_option_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "sglang", "--pages", "0"]) == 2
+@pytest.mark.parametrize(
+    "args",
+    [["--pages", "0"], ["--pages", "1000000000000"], ["--layers", "-1"], ["--layout", "nope"]],
+)
+def test_bench_sglang_bad_option_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    with pytest.raises(SystemExit) if args[0] == "--layout" else contextlib.nullcontext():
+        assert main(["bench", "sglang", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "--pages" in err
+    assert args[0].lstrip("-") in err

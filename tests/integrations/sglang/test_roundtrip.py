@@ -164,3 +164,49 @@ def test_v2_indices_of_the_wrong_length_fail_that_pool_only(make_backend: Any) -
         ]
     )
     assert result == {"kv": [True, True], name: [False, False]}
+
+
+def test_sglangs_zero_copy_order_differs_for_layer_first_and_the_backend_reorders_it() -> None:
+    import ctypes
+
+    from hicache.integrations.sglang_pages import PoolPages
+
+    pool = mha_pool("layer_first")
+    flat = fill_page(pool, 0, 7)
+    ptrs, sizes = pool.get_page_buffer_meta(tokens(pool, 0, 1))
+    raw = [ctypes.string_at(p, s) for p, s in zip(ptrs, sizes, strict=True)]
+    # SGLang's two orders of one page: the same bytes, k0 v0 k1 v1 ... vs all K then all V.
+    assert b"".join(raw) != flat
+    assert sorted(raw) == sorted(flat[i : i + sizes[0]] for i in range(0, len(flat), sizes[0]))
+    pages = PoolPages("kv", pool)
+    assert pages.zero_copy
+    assert b"".join(bytes(s) for s in pages.segments(0)) == flat
+
+
+class _Untiled:
+    """A real SGLang pool whose zero-copy meta misses one segment (the broken case)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def get_page_buffer_meta(self, indices: Any) -> Any:
+        ptrs, sizes = self._pool.get_page_buffer_meta(indices)
+        return ptrs[:-1], sizes[:-1]
+
+
+def test_a_pool_whose_segments_do_not_tile_its_flat_page_is_staged_not_misread(
+    make_backend: Any,
+) -> None:
+    pool = _Untiled(mha_pool("page_first"))
+    backend = make_backend(pool)
+    stats = backend.statistics()["pools"]["kv"]
+    assert stats["zero_copy"] is False
+    assert "do not tile" in stats["copy_reason"]
+    written = fill(pool, 0, 2)
+    k = keys(2)
+    assert backend.batch_set_v1(k, tokens(pool, 0, 2)) == [True, True]
+    assert backend.batch_get_v1(k, tokens(pool, 5, 2)) == [True, True]
+    assert read(pool, 5, 2) == written
