@@ -210,3 +210,32 @@ def test_a_pool_whose_segments_do_not_tile_its_flat_page_is_staged_not_misread(
     assert backend.batch_set_v1(k, tokens(pool, 0, 2)) == [True, True]
     assert backend.batch_get_v1(k, tokens(pool, 5, 2)) == [True, True]
     assert read(pool, 5, 2) == written
+
+
+def test_sglangs_threads_calling_at_once_each_get_their_own_pages(make_backend: Any) -> None:
+    """SGLang's prefetch and backup threads call the backend concurrently."""
+    import threading
+
+    pool = mha_pool("layer_first", ratio=4.0)
+    backend = make_backend(pool)
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            src, dst = 2 * w * 3, (2 * w + 1) * 3
+            written = fill(pool, src, 3, seed=10 * w)
+            k = keys(3, salt=f"worker{w}")
+            for _ in range(5):
+                assert backend.batch_set_v1(k, tokens(pool, src, 3)) == [True] * 3
+                assert backend.batch_get_v1(k, tokens(pool, dst, 3)) == [True] * 3
+                assert read(pool, dst, 3) == written
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert backend.statistics()["pools"]["kv"]["tier"]["pages_read_ok"] == 4 * 5 * 3
