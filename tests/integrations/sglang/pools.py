@@ -226,3 +226,28 @@ def keys(n: int, salt: str = "") -> list[str]:
     import hashlib
 
     return [hashlib.sha256(f"{salt}page{i}".encode()).hexdigest() for i in range(n)]
+
+
+def minimax_k_only_pool(
+    anchor: Any, layout: str, *, layers: int = 2, heads: int = 1, head_dim: int = 16
+) -> Any:
+    """SGLang's MiniMax sparse index-K side pool (K only, no V) beside an MHA ``anchor``. Its
+    device side is a minimal stand-in (per-layer K buffers, geometry, dtype): no device transfer
+    runs in these tests."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKOnlyPoolHost
+
+    k = [torch.zeros(DEVICE_TOKENS, heads, head_dim, dtype=torch.bfloat16) for _ in range(layers)]
+    device = SimpleNamespace(
+        store_dtype=torch.bfloat16,
+        start_layer=0,
+        end_layer=layers,
+        head_num=heads,
+        head_dim=head_dim,
+        layer_num=layers,
+        k_buffer=k,
+        device="cpu",
+        layer_shard_enabled=False,
+    )
+    return MHATokenToKOnlyPoolHost(device, anchor, layout, pin_memory=False, device="cpu")

@@ -26,6 +26,7 @@ from tests.integrations.sglang.pools import (  # noqa: E402
     mamba_pool,
     mha_pool,
     minimax_index_pool,
+    minimax_k_only_pool,
     mla_pool,
     page_bytes,
     tokens,
@@ -109,6 +110,8 @@ SIDES = [
     ("minimax", "layer_first"),
     ("minimax", "page_first"),
     ("minimax", "page_first_direct"),
+    ("minimax_k", "layer_first"),
+    ("minimax_k", "page_first"),
 ]
 
 
@@ -120,6 +123,8 @@ def side_pools(kind: str, layout: str) -> tuple[Any, str, Any, bool]:
         kv = mla_pool(layout)
         return kv, "indexer", dsa_indexer_pool(kv), True
     kv = mha_pool(layout)
+    if kind == "minimax_k":
+        return kv, "indexer", minimax_k_only_pool(kv, layout), False
     return kv, "indexer", minimax_index_pool(kv, layout), False
 
 
