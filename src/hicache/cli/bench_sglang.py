@@ -68,10 +68,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "bench sglang needs sglang: pip install 'hicache[sglang]' (docs/sglang.md)"
         )
-    from hicache.integrations.sglang_imports import allow_sglang_without_torchvision
+    from hicache.integrations.sglang_imports import (
+        allow_sglang_without_torchvision,
+        withdraw_stand_in,
+    )
 
-    allow_sglang_without_torchvision()
-    from hicache.integrations.sglang_bench import SglangBench, run_sglang_bench
+    stood_in = allow_sglang_without_torchvision()
+    try:
+        from hicache.integrations.sglang_bench import SglangBench, run_sglang_bench
+    finally:
+        if stood_in:
+            withdraw_stand_in()
 
     bench = SglangBench(
         pages=positive_option("pages", args.pages),

@@ -73,6 +73,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _Finder()
 
 
+def withdraw_stand_in() -> None:
+    """Unregister the stand-in and forget its modules: a later ``import torchvision`` fails as
+    it would have (modules imported meanwhile keep the placeholders they named). Tests call it
+    once SGLang's modules are imported, so that other code in the same process is unaffected."""
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+        if isinstance(sys.modules[name], _StandInModule):
+            del sys.modules[name]
+
+
 def allow_sglang_without_torchvision() -> bool:
     """Register the stand-in when no torchvision can be found; True when it is in use."""
     if _FINDER in sys.meta_path:

@@ -1,5 +1,6 @@
-"""The torchvision stand-in: SGLang's module-level ``import torchvision`` works where none is
-installed, and any use of it fails loudly instead of computing something wrong."""
+"""The torchvision stand-in: SGLang's module-level ``import torchvision`` worked where none is
+installed, any use of it fails loudly instead of computing something wrong, and it is withdrawn
+once SGLang's modules are imported, so the rest of the process still sees no torchvision."""
 
 from __future__ import annotations
 
@@ -12,22 +13,18 @@ from tests.integrations.sglang.support import require_sglang
 
 require_sglang()
 
-from hicache.integrations.sglang_imports import STAND_IN, allow_sglang_without_torchvision  # noqa: E402
+from hicache.integrations.sglang_imports import STAND_IN  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
 
-def test_the_stand_in_is_used_only_without_a_real_torchvision_and_refuses_to_run() -> None:
-    import torchvision
-
-    if getattr(torchvision, "__doc__", None) != STAND_IN:
-        # A real torchvision: nothing is stood in.
-        assert allow_sglang_without_torchvision() is False
-        return
-    assert allow_sglang_without_torchvision() is True
-    assert importlib.util.find_spec("torchvision.transforms") is not None
-    import torchvision.transforms as T
-
+def test_the_stand_in_served_sglangs_import_refuses_to_run_and_is_withdrawn() -> None:
+    vision = sys.modules[
+        "sglang.srt.multimodal.internvl_utils"
+    ].T  # import torchvision.transforms as T
+    if getattr(vision, "__doc__", None) != STAND_IN:
+        return  # a real torchvision is installed: nothing was stood in
     with pytest.raises(ImportError, match="torchvision is not installed"):
-        T.Resize(224)
-    assert "torchvision" in sys.modules
+        vision.Resize(224)
+    assert "torchvision" not in sys.modules
+    assert importlib.util.find_spec("torchvision") is None
