@@ -23,9 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import functools
-import hashlib
 import itertools
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -51,27 +49,14 @@ from hicache.domain.storage import PageBuffer, Store
 from hicache.engine.logs import get_logger
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
+from hicache.integrations.sglang_keys import page_key, pool_namespace
 from hicache.integrations.sglang_pages import PoolPages, tensor_bytes
 from hicache.integrations.sglang_settings import BackendSettings
 
 log = get_logger("hicache.sglang")
 
-NAMESPACE_VERSION = 1
 # SGLang sends at most this many pages per call (hicache_storage.STORAGE_BATCH_SIZE).
 SGLANG_BATCH_PAGES = 128
-_HEX = re.compile(r"^[0-9a-f]{64}$")
-_SLUG = re.compile(r"[^0-9A-Za-z_.]+")
-# SGLang's Mamba state is sharded per tp rank even where the model's KV is replicated
-# (HiCacheFile._get_suffixed_key in python/sglang/srt/mem_cache/hicache_storage.py).
-PER_RANK_POOLS = frozenset({"mamba"})
-
-
-def page_key(key: str) -> bytes:
-    """SGLang's page key (a 64-hex sha256 chain) as the 32 bytes hicache keys pages by; any
-    other text (an engine's own key scheme, tests) is hashed to 32 bytes."""
-    if _HEX.match(key):
-        return bytes.fromhex(key)
-    return hashlib.sha256(key.encode()).digest()
 
 
 class _CallBuffers:
@@ -109,35 +94,6 @@ class _Pool:
 
 def _plain(_inst: object, _field: object, value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
-
-
-def _slug(model: str) -> str:
-    return _SLUG.sub("_", model.strip()).strip("_")[:64] or "model"
-
-
-def pool_namespace(config: HiCacheStorageConfig, name: str, pages: PoolPages) -> tuple[str, bool]:
-    """The namespace of one SGLang pool on this rank, and whether it is rank-replicated.
-
-    A sha256 over the model, the pool (name, class, layout, page size, page bytes, dtypes,
-    layers), the pipeline, context-parallel and decode-context-parallel position and, unless
-    the pool's bytes are the same on every tp rank (SGLang's ``is_mla_model``, never for Mamba
-    state), ``tp_rank/tp_size``: a changed setting is another namespace, so a miss.
-    """
-    replicated = bool(config.is_mla_model) and name not in PER_RANK_POOLS
-    parts = [
-        f"sglang-v{NAMESPACE_VERSION}",
-        f"model={config.model_name or ''}",
-        f"pool={name}",
-        pages.describe(),
-        f"pp={config.pp_rank}/{config.pp_size}",
-        f"cp={config.attn_cp_rank}/{config.attn_cp_size}",
-        f"dcp={config.dcp_rank}/{config.dcp_size}",
-        f"heads={config.should_split_heads}/{config.tp_lcm_size}",
-    ]
-    if not replicated:
-        parts.append(f"tp={config.tp_rank}/{config.tp_size}")
-    digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
-    return f"{_slug(config.model_name or 'model')}-{digest}", replicated
 
 
 class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
@@ -217,7 +173,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         if pages.zero_copy:
             # Zero-copy stores (Mooncake) must know the host memory first; others ignore it.
             self.store.register(pages.regions())
-        namespace, replicated = pool_namespace(self.storage_config, name, pages)
+        namespace, replicated = pool_namespace(self.storage_config, name, pages.describe())
         try:
             internal = PoolName.parse(name)
         except ConfigError:

@@ -27,7 +27,8 @@ from hicache.bootstrap.faults import (  # noqa: E402
     directory_corruptor,
 )
 from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus  # noqa: E402
-from hicache.integrations.sglang import HiCacheBackend, page_key  # noqa: E402
+from hicache.integrations.sglang import HiCacheBackend  # noqa: E402
+from hicache.integrations.sglang_keys import page_key  # noqa: E402
 from tests.integrations.sglang.conftest import extra, storage_config  # noqa: E402
 from tests.integrations.sglang.pools import fill_page, keys, mha_pool, tokens  # noqa: E402
 
