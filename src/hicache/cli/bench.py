@@ -5,6 +5,7 @@
 - bench engine: the engine's own costs, copies excluded (hicache.cli.bench_engine).
 - bench cache: page-key hashing and the prefix index's cost per page (hicache.cli.bench_cache).
 - bench storage: a store's put/get/exists against plain file I/O (hicache.cli.bench_storage).
+- bench sglang: SGLang's HiCacheFile against hicache's SGLang backend (hicache.cli.bench_sglang).
 - bench scale: copy time per byte and planner time per layer as sizes grow (hicache.cli.bench_scale).
 - bench soak: random cache operations with injected faults; leak and byte checks
   (hicache.cli.bench_soak).
@@ -22,6 +23,7 @@ def register(sub: Any) -> None:
         bench_engine,
         bench_overlap,
         bench_scale,
+        bench_sglang,
         bench_soak,
         bench_storage,
     )
@@ -42,5 +44,6 @@ def register(sub: Any) -> None:
     bench_engine.register(inner)
     bench_cache.register(inner)
     bench_storage.register(inner)
+    bench_sglang.register(inner)
     bench_scale.register(inner)
     bench_soak.register(inner)

@@ -1,9 +1,9 @@
 """The storage tier as the engine uses it: page keys in, host pages filled or backed up, off the loop.
 
-- StorageTier: exists (leading run of pages probably held), read (store -> host pages), write
-  (host pages -> store), start_write (a background write with a completion callback), remove,
-  deadline_for (the prefetch policy's deadline), buffers_safe, statistics; ``async with tier:``
-  owns the background writes.
+- StorageTier: exists (leading run of pages probably held), exists_each (per page), read
+  (store -> host pages), write (host pages -> store), start_write (a background write with a
+  completion callback), remove, deadline_for (the prefetch policy's deadline), buffers_safe,
+  statistics; ``async with tier:`` owns the background writes.
 
 Every store call runs on a worker thread (anyio.to_thread with a CapacityLimiter of
 ``max_concurrency``), in batches of at most ``batch_pages`` pages, with a deadline of at most
@@ -251,6 +251,27 @@ class StorageTier:
                     return found
                 found += 1
         return found
+
+    async def exists_each(self, page_keys: Sequence[bytes]) -> list[bool]:
+        """Per page, whether every pool probably holds it (a hint, holes included: a caller with
+        its own hit rule, e.g. a trailing window, needs more than the leading run); all False
+        from the first batch the breaker refused or that failed."""
+        out = [False] * len(page_keys)
+        step = self.settings.batch_pages
+        n = len(self.pools)
+        for lo in range(0, len(page_keys), step):
+            hi = min(lo + step, len(page_keys))
+            keys = [k for i in range(lo, hi) for k in self.store_keys(page_keys[i])]
+            deadline = self._call_deadline(None)
+            answer = await self._call(
+                "exists", functools.partial(self.store.exists, keys, deadline=deadline)
+            )
+            if answer is None:
+                return out
+            self._breaker.record(self._clock() <= deadline, self._clock())
+            for j in range(hi - lo):
+                out[lo + j] = all(answer[j * n : (j + 1) * n])
+        return out
 
     async def read(
         self,

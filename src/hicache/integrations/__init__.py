@@ -1,0 +1,1 @@
+"""Adapters that plug hicache into a serving engine's own extension points (one module per engine)."""

@@ -1,0 +1,528 @@
+"""hicache's stores as an SGLang HiCache storage backend (``--hicache-storage-backend dynamic``).
+
+- HiCacheBackend: a ``sglang.srt.mem_cache.hicache_storage.HiCacheStorage`` that SGLang's own
+  factory loads with extra config ``{"backend_name": "hicache", "module_path":
+  "hicache.integrations.sglang", "class_name": "HiCacheBackend", "interface_v1": 1, "store":
+  "directory", "store_path": PATH, ...}`` (see docs/sglang.md). It serves the legacy calls
+  (``batch_get`` / ``batch_set`` / ``batch_exists`` of flat pages), the v1 zero-copy calls
+  (``batch_get_v1`` / ``batch_set_v1`` of host indices) and the v2 calls of hybrid side pools
+  (``batch_exists_v2`` / ``batch_get_v2`` / ``batch_set_v2`` with ``PoolTransfer``), with the
+  return values SGLang's controller relies on (python/sglang/srt/managers/cache_controller.py).
+
+Every store call goes through hicache's StorageTier (one per registered SGLang pool, one shared
+store): a deadline per call, the circuit breaker, statuses and statistics. The tier runs on an
+event loop in a thread of its own (an anyio blocking portal); SGLang's controller threads wait
+for a call at most ``deadline_s + grace_s`` and then get a miss (get, exists) or a failed backup
+(set), so a dead or stalled store never stalls them. Pages are stored in SGLang's flat page
+order whatever path moves them (hicache.integrations.sglang_pages). Importing this module imports
+SGLang; nothing else in hicache does (an import-linter contract keeps it so).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import functools
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import attrs
+import torch
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolTransfer,
+    PoolTransferResult,
+)
+
+from hicache.bootstrap.storage import open_named_store
+from hicache.domain.errors import ConfigError
+from hicache.domain.pools import PoolName
+from hicache.domain.storage import PageBuffer, Store
+from hicache.engine.logs import get_logger
+from hicache.engine.storage_settings import StorageTierSettings
+from hicache.engine.storage_tier import StorageTier
+from hicache.integrations.sglang_keys import page_key, pool_namespace
+from hicache.integrations.sglang_pages import PoolPages, tensor_bytes
+from hicache.integrations.sglang_settings import BackendSettings
+
+log = get_logger("hicache.sglang")
+
+# SGLang sends at most this many pages per call (hicache_storage.STORAGE_BATCH_SIZE).
+SGLANG_BATCH_PAGES = 128
+
+
+class _CallBuffers:
+    """The HostPageBuffers of the tiers: each call registers its page buffers under fresh ids."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._buffers: dict[int, PageBuffer] = {}
+
+    def add(self, buffers: Sequence[PageBuffer]) -> list[int]:
+        with self._lock:
+            ids = [next(self._ids) for _ in buffers]
+            self._buffers.update(zip(ids, buffers, strict=True))
+        return ids
+
+    def drop(self, ids: Sequence[int]) -> None:
+        with self._lock:
+            for i in ids:
+                self._buffers.pop(i, None)
+
+    def buffer(self, pool: PoolName, page: int) -> PageBuffer:
+        with self._lock:
+            return self._buffers[page]
+
+
+@attrs.define
+class _Pool:
+    name: str
+    pages: PoolPages
+    tier: StorageTier
+    namespace: str
+    replicated: bool
+
+
+def _plain(_inst: object, _field: object, value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
+    """hicache's storage tier behind SGLang's HiCacheStorage interface (module docstring)."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None):
+        if not isinstance(storage_config, HiCacheStorageConfig):
+            raise ConfigError(
+                f"HiCacheBackend: storage_config must be SGLang's HiCacheStorageConfig, got "
+                f"{type(storage_config).__name__}"
+            )
+        extra = dict(storage_config.extra_config or {})
+        self.settings = BackendSettings.parse(extra)
+        self.storage_config = storage_config
+        self.interface_v1 = bool(extra.get("interface_v1", 0))
+        # Mooncake moves bytes only from and to host memory registered with it: the pools'
+        # (zero-copy) memory, never SGLang's per-call flat pages or a staging page.
+        self.zero_copy_only = self.settings.store == "mooncake"
+        if self.zero_copy_only and not self.interface_v1:
+            raise ConfigError(
+                "hicache sglang backend key 'interface_v1': store 'mooncake' needs "
+                "interface_v1: 1 (the legacy calls hand over flat page copies, which Mooncake "
+                "cannot read or write)"
+            )
+        given = (kwargs or {}).get("store")
+        if given is not None and not isinstance(given, Store):
+            raise ConfigError(
+                f"HiCacheBackend: kwargs['store'] must be a hicache Store, got {given!r}"
+            )
+        self.store: Store = (
+            given
+            if given is not None
+            else open_named_store(self.settings.store, self.settings.store_config)
+        )
+        self._buffers = _CallBuffers()
+        self._pools: dict[str, _Pool] = {}
+        self._lock = threading.Lock()
+        self._stuck = 0
+        self._counts: dict[str, int] = {
+            "timed_out_calls": 0,
+            "refused_while_stuck": 0,
+            "skipped_non_writer": 0,
+        }
+        self._metrics: dict[str, list[float]] = {
+            "prefetch_pgs": [],
+            "backup_pgs": [],
+            "prefetch_bandwidth": [],
+            "backup_bandwidth": [],
+        }
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = start_blocking_portal()
+        self._portal: BlockingPortal | None = self._portal_cm.__enter__()
+        self._closed = False
+
+    # -- registration -------------------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        self._add_pool("kv", mem_pool_host)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        name = str(getattr(host_pool_name, "value", host_pool_name))
+        existing = self._pools.get(name)
+        if existing is not None and existing.pages.pool is host_pool:
+            return
+        self._add_pool(name, host_pool)
+
+    def _add_pool(self, name: str, pool: Any) -> None:
+        pages = PoolPages(name, pool)
+        if self.zero_copy_only and not pages.zero_copy:
+            raise ConfigError(
+                f"HiCacheBackend: pool {name!r} ({type(pool).__name__}, layout "
+                f"{pages.layout!r}) has no zero-copy segments ({pages.copy_reason}): store "
+                f"{self.settings.store!r} cannot serve it; use a page_first layout or store "
+                "'directory'"
+            )
+        if pages.zero_copy:
+            # Zero-copy stores (Mooncake) must know the host memory first; others ignore it.
+            self.store.register(pages.regions())
+        namespace, replicated = pool_namespace(self.storage_config, name, pages.describe())
+        try:
+            internal = PoolName.parse(name)
+        except ConfigError:
+            internal = PoolName.KV
+        tier_settings = StorageTierSettings(
+            batch_pages=SGLANG_BATCH_PAGES,
+            max_concurrency=self.settings.max_concurrency,
+            call_deadline_s=self.settings.deadline_s,
+            breaker_threshold=self.settings.breaker_threshold,
+            breaker_cooldown_s=self.settings.breaker_cooldown_s,
+        )
+        tier = StorageTier(
+            self.store, self._buffers, {internal: namespace}, [internal], tier_settings
+        )
+        with self._lock:
+            self._pools[name] = _Pool(name, pages, tier, namespace, replicated)
+        log.info(
+            "sglang pool registered",
+            pool=name,
+            namespace=namespace,
+            zero_copy=pages.zero_copy,
+            copy_reason=pages.copy_reason,
+            page_bytes=pages.flat_nbytes,
+        )
+
+    def pool(self, name: str) -> _Pool:
+        found = self._pools.get(name)
+        if found is None:
+            raise ConfigError(
+                f"HiCacheBackend: pool {name!r} is not registered: expected one of "
+                f"{', '.join(sorted(self._pools)) or 'none (register_mem_pool_host first)'}"
+            )
+        return found
+
+    # -- running a tier call from an SGLang thread --------------------------------------------
+
+    def _run(
+        self, default: Any, fn: Callable[..., Any], *args: Any, ids: Sequence[int] = ()
+    ) -> Any:
+        portal = self._portal
+        if self._closed or portal is None:
+            self._buffers.drop(ids)
+            return default
+        if self._stuck:
+            self._counts["refused_while_stuck"] += 1
+            self._buffers.drop(ids)
+            return default
+
+        async def call() -> Any:
+            try:
+                return await fn(*args)
+            finally:
+                self._buffers.drop(ids)
+
+        future = portal.start_task_soon(call)
+        try:
+            return future.result(timeout=self.settings.deadline_s + self.settings.grace_s)
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                self._stuck += 1
+                self._counts["timed_out_calls"] += 1
+            future.add_done_callback(self._unstick)
+            log.warning(
+                "store call overran its deadline: answered as a failure",
+                store=self.store.name,
+                waited_s=self.settings.deadline_s + self.settings.grace_s,
+            )
+            return default
+
+    def _deadline(self) -> float:
+        # One SGLang call (up to 128 pages) gets deadline_s in all; each store call inside it
+        # gets what is left (StorageTier passes min(call deadline, this) to the store).
+        return time.monotonic() + self.settings.deadline_s
+
+    def _unstick(self, _future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._stuck -= 1
+
+    # -- the page moves -----------------------------------------------------------------------
+
+    def _tokens(self, pool: _Pool, n: int, host_indices: torch.Tensor) -> list[int]:
+        ps = pool.pages.page_size
+        if int(host_indices.numel()) != n * ps:
+            raise ConfigError(
+                f"HiCacheBackend pool {pool.name!r}: host_indices has {int(host_indices.numel())} "
+                f"token indices for {n} keys: expected {n * ps} (page size {ps})"
+            )
+        flat = host_indices.reshape(-1).tolist()
+        return [int(flat[i * ps]) for i in range(n)]
+
+    def _read(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
+        ids = self._buffers.add(buffers)
+        start = time.perf_counter()
+        read = functools.partial(pool.tier.read, deadline=self._deadline())
+        args = ([page_key(k) for k in keys], {pool.tier.pools[0]: ids})
+        ok: list[bool] = self._run([False] * len(keys), read, *args, ids=ids) if keys else []
+        self._note("prefetch", pool, sum(ok), time.perf_counter() - start)
+        return ok
+
+    def _write(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
+        if pool.replicated and not self.storage_config.is_storage_writer:
+            # The writer rank stores the same bytes (SGLang's is_storage_writer).
+            self._counts["skipped_non_writer"] += len(keys)
+            return [True] * len(keys)
+        ids = self._buffers.add(buffers)
+        start = time.perf_counter()
+        write = functools.partial(pool.tier.write, deadline=self._deadline())
+        args = ([page_key(k) for k in keys], {pool.tier.pools[0]: ids})
+        ok: list[bool] = self._run([False] * len(keys), write, *args, ids=ids) if keys else []
+        self._note("backup", pool, sum(ok), time.perf_counter() - start)
+        return ok
+
+    def _note(self, kind: str, pool: _Pool, pages: int, seconds: float) -> None:
+        if not pages:
+            return
+        with self._lock:
+            self._metrics[f"{kind}_pgs"].append(pages)
+            gbs = pages * pool.pages.flat_nbytes / max(seconds, 1e-9) / 1e9
+            self._metrics[f"{kind}_bandwidth"].append(gbs)
+
+    def _get_pages(self, pool: _Pool, keys: Sequence[str], tokens: list[int]) -> list[bool]:
+        if pool.pages.zero_copy:
+            return self._read(pool, keys, [pool.pages.segments(t) for t in tokens])
+        staging = [pool.pages.staging() for _ in tokens]
+        ok = self._read(pool, keys, [[tensor_bytes(s)] for s in staging])
+        for t, s, good in zip(tokens, staging, ok, strict=True):
+            if good:
+                pool.pages.fill_from(t, s)
+        return ok
+
+    def _set_pages(self, pool: _Pool, keys: Sequence[str], tokens: list[int]) -> list[bool]:
+        if pool.pages.zero_copy:
+            return self._write(pool, keys, [pool.pages.segments(t) for t in tokens])
+        return self._write(pool, keys, [[pool.pages.flat_copy(t)] for t in tokens])
+
+    # -- v1: zero-copy by host indices --------------------------------------------------------
+
+    def batch_get_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """One bool per key; the Trues are a leading run (a prefetch stops at the first miss)."""
+        pool = self.pool("kv")
+        return self._get_pages(pool, keys, self._tokens(pool, len(keys), host_indices))
+
+    def batch_set_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """One bool per key (a FULL page fails alone; SGLang stops a backup at the first False)."""
+        pool = self.pool("kv")
+        return self._set_pages(pool, keys, self._tokens(pool, len(keys), host_indices))
+
+    # -- legacy: flat pages -------------------------------------------------------------------
+
+    def _flat(self, pool: _Pool, tensors: Sequence[torch.Tensor], what: str) -> list[PageBuffer]:
+        out: list[PageBuffer] = []
+        for i, t in enumerate(tensors):
+            view = tensor_bytes(t)
+            if view.nbytes != pool.pages.flat_nbytes:
+                raise ConfigError(
+                    f"HiCacheBackend {what}[{i}] has {view.nbytes} bytes: expected a flat page "
+                    f"of pool {pool.name!r}, {pool.pages.flat_nbytes} bytes"
+                )
+            out.append([view])
+        return out
+
+    def batch_get(
+        self,
+        keys: list[str],
+        target_locations: Any = None,
+        target_sizes: Any = None,
+    ) -> list[torch.Tensor | None]:
+        """Each target (a flat page, e.g. ``get_dummy_flat_data_page()``) filled, or None."""
+        pool = self.pool("kv")
+        targets = list(target_locations or [])
+        if len(targets) != len(keys):
+            raise ConfigError(
+                f"HiCacheBackend batch_get: {len(keys)} keys and {len(targets)} target_locations"
+            )
+        ok = self._read(pool, keys, self._flat(pool, targets, "target_locations"))
+        return [t if good else None for t, good in zip(targets, ok, strict=True)]
+
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any = None,
+        target_locations: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
+        """True when every flat page was stored."""
+        pool = self.pool("kv")
+        pages = [v.contiguous() for v in (values or [])]
+        if len(pages) != len(keys):
+            raise ConfigError(f"HiCacheBackend batch_set: {len(keys)} keys and {len(pages)} values")
+        return all(self._write(pool, keys, self._flat(pool, pages, "values")))
+
+    def get(
+        self, key: str, target_location: Any = None, target_sizes: Any = None
+    ) -> torch.Tensor | None:
+        if target_location is None:
+            target_location = self.pool("kv").pages.staging()
+        return self.batch_get([key], [target_location])[0]
+
+    def set(
+        self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None
+    ) -> bool:
+        return self.batch_set([key], [value])
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(
+        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        """The number of leading keys the store probably holds (0 when it cannot answer)."""
+        if not keys:
+            return 0
+        pool = self.pool("kv")
+        found: int = self._run(0, pool.tier.exists, [page_key(k) for k in keys])
+        return found
+
+    def _exists_each(self, pool: _Pool, keys: Sequence[str]) -> list[bool]:
+        if not keys:
+            return []
+        found: list[bool] = self._run(
+            [False] * len(keys), pool.tier.exists_each, [page_key(k) for k in keys]
+        )
+        return found
+
+    # -- v2: hybrid side pools ----------------------------------------------------------------
+
+    def batch_exists_v2(
+        self,
+        keys: list[str],
+        pool_transfers: list[PoolTransfer] | None = None,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> PoolTransferResult:
+        """The usable prefix under each side pool's hit policy (SGLang's file backend's rules):
+        ``kv_hit_pages``, the pages each pool has, and the prefix lengths every pool can restore."""
+        kv = self._exists_each(self.pool("kv"), keys)
+        kv_pages = kv.index(False) if False in kv else len(kv)
+        hits: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
+        restorable = list(range(1, kv_pages + 1))
+        for transfer in pool_transfers or []:
+            if not restorable:
+                break
+            name = str(getattr(transfer.name, "value", transfer.name))
+            have = self._exists_each(self.pool(name), keys[:kv_pages])
+            if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = have.index(False) if False in have else kv_pages
+                allowed = set(range(1, boundary + 1))
+            elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                window = max(1, len(transfer.keys) if transfer.keys else 1)
+                allowed = {n for n in range(1, kv_pages + 1) if all(have[max(0, n - window) : n])}
+                boundary = max(allowed, default=0)
+            else:
+                raise ConfigError(
+                    f"HiCacheBackend: pool {name!r} hit policy {transfer.hit_policy!r} is not "
+                    "supported: expected all_pages or trailing_pages"
+                )
+            if boundary:
+                hits[name] = boundary
+            restorable = [n for n in restorable if n in allowed]
+        return PoolTransferResult(restorable[-1] if restorable else 0, hits, restorable)
+
+    def _v2(self, transfers: list[PoolTransfer], op: str) -> dict[str, list[bool]]:
+        out: dict[str, list[bool]] = {}
+        for transfer in transfers:
+            name = str(getattr(transfer.name, "value", transfer.name))
+            pool = self.pool(name)
+            keys = list(transfer.keys or [])
+            indices = transfer.host_indices
+            expected = len(keys) * pool.pages.page_size
+            if indices is None or int(indices.numel()) != expected:
+                # SGLang's file backend answers all False (and logs) here; so do we.
+                log.error(
+                    "v2 host_indices length mismatch",
+                    op=op,
+                    pool=name,
+                    expected=expected,
+                    got=None if indices is None else int(indices.numel()),
+                )
+                out[transfer.name] = [False] * len(keys)
+                continue
+            tokens = self._tokens(pool, len(keys), indices)
+            move = self._get_pages if op == "get" else self._set_pages
+            out[transfer.name] = move(pool, keys, tokens)
+        return out
+
+    def batch_get_v2(
+        self, transfers: list[PoolTransfer], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> dict[str, list[bool]]:
+        """Per pool name, one bool per key (a leading run per pool)."""
+        return self._v2(transfers, "get")
+
+    def batch_set_v2(
+        self, transfers: list[PoolTransfer], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> dict[str, list[bool]]:
+        """Per pool name, one bool per key."""
+        return self._v2(transfers, "set")
+
+    # -- statistics and lifecycle -------------------------------------------------------------
+
+    def statistics(self) -> dict[str, Any]:
+        """hicache's statistics: per pool, the tier's (pages, bytes, calls, statuses, breaker)."""
+        pools = {
+            name: {
+                "namespace": p.namespace,
+                "replicated": p.replicated,
+                "zero_copy": p.pages.zero_copy,
+                "copy_reason": p.pages.copy_reason,
+                "page_bytes": p.pages.flat_nbytes,
+                "tier": attrs.asdict(p.tier.statistics(), value_serializer=_plain),
+            }
+            for name, p in list(self._pools.items())
+        }
+        return {"store": self.store.name, "pools": pools, **self._counts}
+
+    def get_stats(self) -> Any:
+        """SGLang's StorageMetrics (pages and GB/s per call since the last get_stats), with
+        hicache's statistics() as its ``hicache`` attribute."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        with self._lock:
+            drained = {k: list(v) for k, v in self._metrics.items()}
+            for v in self._metrics.values():
+                v.clear()
+        metrics = StorageMetrics(
+            prefetch_pgs=[int(x) for x in drained["prefetch_pgs"]],
+            backup_pgs=[int(x) for x in drained["backup_pgs"]],
+            prefetch_bandwidth=drained["prefetch_bandwidth"],
+            backup_bandwidth=drained["backup_bandwidth"],
+        )
+        metrics.hicache = self.statistics()
+        return metrics
+
+    def close(self) -> None:
+        """Stop the tier's loop and close the store; idempotent. Later calls miss."""
+        if self._closed:
+            return
+        self._closed = True
+        cm, self._portal_cm, self._portal = self._portal_cm, None, None
+        try:
+            if cm is not None:
+                cm.__exit__(None, None, None)
+        finally:
+            self.store.close()

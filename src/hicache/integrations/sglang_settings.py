@@ -1,0 +1,134 @@
+"""The extra config of hicache's SGLang backend: which keys are whose, checked once at start.
+
+- SGLANG_KEYS: keys SGLang itself reads from ``--hicache-storage-backend-extra-config`` (or
+  leaves there after reading); the backend accepts and ignores them.
+- BackendSettings.parse(extra_config): the backend's own keys, the store's name and the store's
+  settings (everything else). A bad value is a ConfigError naming the key; an unknown key is
+  named by the store's own parser (DirectoryStore, Mooncake) before anything is opened.
+
+Key sources: ``backend_name``, ``module_path``, ``class_name``
+(python/sglang/srt/mem_cache/storage/backend_factory.py, ``_create_dynamic_backend``),
+``interface_v1`` (python/sglang/srt/managers/cache_controller.py, ``attach_storage_backend``),
+``allocator`` (python/sglang/srt/mem_cache/pool_host/common.py, ``get_allocator_type``),
+``tp_lcm_size`` (cache_controller.py, ``_generate_storage_config``), the ``prefetch_*`` keys and
+``hicache_storage_pass_prefix_keys`` (python/sglang/srt/mem_cache/hybrid_cache/
+hybrid_cache_controller.py, ``parse_storage_backend_extra_config``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from hicache.domain.errors import ConfigError
+
+SGLANG_KEYS = frozenset(
+    {
+        "backend_name",
+        "module_path",
+        "class_name",
+        "interface_v1",
+        "allocator",
+        "tp_lcm_size",
+        "prefetch_threshold",
+        "prefetch_timeout_base",
+        "prefetch_timeout_per_ki_token",
+        "prefetch_timeout_max",
+        "hicache_storage_pass_prefix_keys",
+    }
+)
+# The backend's own keys with their defaults.
+BACKEND_KEYS = (
+    "store",
+    "store_path",
+    "deadline_s",
+    "grace_s",
+    "breaker_threshold",
+    "breaker_cooldown_s",
+    "max_concurrency",
+)
+
+
+def _positive(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(
+            f"hicache sglang backend key {attr.name!r}: expected a number > 0, got {value!r}"
+        )
+
+
+def _positive_int(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"hicache sglang backend key {attr.name!r}: expected an integer > 0, got {value!r}"
+        )
+
+
+def _store_name(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value.strip() or value == "dynamic":
+        raise ConfigError(
+            f"hicache sglang backend key 'store': expected a store name ('directory', "
+            f"'mooncake' or an installed hicache.stores plug-in), got {value!r}"
+        )
+
+
+def _path(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ConfigError(
+            f"hicache sglang backend key 'store_path': expected a directory path, got {value!r}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class BackendSettings:
+    """How the backend talks to its store; ``store_config`` is the store's own settings."""
+
+    store: str = attrs.field(default="directory", validator=_store_name)
+    store_path: str | None = attrs.field(default=None, validator=_path)
+    deadline_s: float = attrs.field(default=10.0, validator=_positive)
+    grace_s: float = attrs.field(default=2.0, validator=_positive)
+    breaker_threshold: int = attrs.field(default=5, validator=_positive_int)
+    breaker_cooldown_s: float = attrs.field(default=10.0, validator=_positive)
+    max_concurrency: int = attrs.field(default=4, validator=_positive_int)
+    store_config: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @classmethod
+    def parse(cls, extra_config: Mapping[str, Any] | None) -> BackendSettings:
+        """Split SGLang's extra config into SGLang's keys (dropped), the backend's and the store's."""
+        config = dict(extra_config or {})
+        if not isinstance(extra_config, Mapping | None):
+            raise ConfigError(
+                f"hicache sglang backend: extra_config must be a mapping, got {type(extra_config).__name__}"
+            )
+        own = {k: config[k] for k in BACKEND_KEYS if k in config}
+        rest = {k: v for k, v in config.items() if k not in SGLANG_KEYS and k not in own}
+        settings = cls(**own)
+        store_config = dict(rest)
+        if settings.store == "directory":
+            if "root" in store_config:
+                raise ConfigError(
+                    "hicache sglang backend key 'root': the directory is 'store_path' here"
+                )
+            if settings.store_path is not None:
+                store_config["root"] = settings.store_path
+            # Checked now, so that an unknown key fails the start and names the key.
+            from hicache.adapters.storage.directory_settings import DirectorySettings
+
+            DirectorySettings.from_config(store_config)
+        elif settings.store_path is not None:
+            raise ConfigError(
+                f"hicache sglang backend key 'store_path': only store 'directory' has one, "
+                f"store is {settings.store!r}"
+            )
+        elif settings.store == "mooncake" and rest:
+            from hicache.adapters.storage.mooncake_config import KEYS
+
+            unknown = sorted(set(rest) - set(KEYS))
+            if unknown:
+                raise ConfigError(
+                    f"hicache sglang backend: unknown key {unknown[0]!r} (keys of store "
+                    f"'mooncake': {', '.join(sorted(KEYS))}; of the backend: "
+                    f"{', '.join(BACKEND_KEYS)})"
+                )
+        return attrs.evolve(settings, store_config=store_config)
