@@ -151,10 +151,10 @@ def test_validate_catches_a_page_id_holder_that_disagrees_with_the_placements() 
     index = PrefixIndex(rules)
     index.insert([b"a" * 32, b"b" * 32], [{KV: 0}, {KV: 1}])
     index.validate()
-    index._holder[(Tier.DEVICE, KV, 0)] = b"b" * 32  # the broken case: page 0 "holds" b
+    index._held[Tier.DEVICE]["kv"][0] = b"b" * 32  # the broken case: page 0 "holds" b
     with pytest.raises(CacheStateError, match="holders disagree"):
         index.validate()
-    del index._holder[(Tier.DEVICE, KV, 0)]  # page 0 holds nothing: lost track
+    del index._held[Tier.DEVICE]["kv"][0]  # page 0 holds nothing: lost track
     with pytest.raises(CacheStateError, match="holders disagree"):
         index.validate()
 
