@@ -151,10 +151,10 @@ def test_validate_catches_a_page_id_holder_that_disagrees_with_the_placements() 
     index = PrefixIndex(rules)
     index.insert([b"a" * 32, b"b" * 32], [{KV: 0}, {KV: 1}])
     index.validate()
-    index._holder[(Tier.DEVICE, KV, 0)] = b"b" * 32  # the broken case: page 0 "holds" b
+    index._held[Tier.DEVICE]["kv"][0] = b"b" * 32  # the broken case: page 0 "holds" b
     with pytest.raises(CacheStateError, match="holders disagree"):
         index.validate()
-    del index._holder[(Tier.DEVICE, KV, 0)]  # page 0 holds nothing: lost track
+    del index._held[Tier.DEVICE]["kv"][0]  # page 0 holds nothing: lost track
     with pytest.raises(CacheStateError, match="holders disagree"):
         index.validate()
 
@@ -256,3 +256,17 @@ async def test_a_prefetch_that_ran_has_no_skip_reason_and_one_that_did_not_says_
         got = await cache.prefetch(_tokens(2))
         assert got.skipped is PrefetchSkip.NO_STORAGE
         assert got.skipped.value == "no storage tier"
+
+
+@pytest.mark.asyncio
+async def test_packed_token_bytes_match_and_insert_like_the_token_list() -> None:
+    from hicache.domain.keys import pack_tokens
+
+    rig = Rig(dense_plan())
+    async with rig.engine, HiCache(rig.engine) as cache:
+        ids = list(rig.device_slots.allocate({KV: 2}).pages[KV])
+        await cache.insert(pack_tokens(_tokens(2)), {KV: ids})
+        async with await cache.match(pack_tokens(_tokens(2))) as m:
+            assert m.tokens == 2 * PS + 1  # tokens, not bytes
+            assert m.device_pages == 2
+        assert cache.statistics().matched_tokens == 2 * PS + 1

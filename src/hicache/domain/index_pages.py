@@ -103,6 +103,15 @@ def destination_refusal(
     return None
 
 
+HolderKey = tuple[int, str, int]
+
+
+def holder_key(tier: int, pool: PoolName, page: int) -> HolderKey:
+    """The key of a cached page id in the index's holder map: plain ints and the pool's text
+    (an enum member's hash is a Python call; the index does this per page on insert)."""
+    return (int(tier), pool._value_, page)
+
+
 def check_invariants(
     records: Mapping[bytes, PageRecord],
     *,
@@ -111,7 +120,7 @@ def check_invariants(
     lru: TickLru[PageRecord],
     anchor: PoolName,
     evictable: Callable[[PageRecord, int], bool],
-    holders: Mapping[tuple[int, PoolName, int], bytes] | None = None,
+    holders: Mapping[HolderKey, bytes] | None = None,
 ) -> None:
     """Check every invariant of an index's state (O(pages)); CacheStateError names the first.
 
@@ -157,14 +166,14 @@ def check_invariants(
 def _check_holders(
     records: Mapping[bytes, PageRecord],
     tickets: Mapping[int, Ticket],
-    holders: Mapping[tuple[int, PoolName, int], bytes],
+    holders: Mapping[HolderKey, bytes],
 ) -> None:
     """Every cached page id holds exactly one key: the copies and reserved destinations."""
-    want: dict[tuple[int, PoolName, int], bytes] = {}
+    want: dict[HolderKey, bytes] = {}
 
     def claim(tier: int, key: bytes, where: Mapping[PoolName, int]) -> None:
         for pool, pid in where.items():
-            other = want.setdefault((tier, pool, pid), key)
+            other = want.setdefault(holder_key(tier, pool, pid), key)
             if other != key:
                 raise CacheStateError(
                     f"{Tier(tier).name} page {pid} of pool {pool.value!r} holds two pages: "
@@ -185,4 +194,11 @@ def _check_holders(
         )
 
 
-__all__ = ["PageRecord", "check_invariants", "count_pages", "destination_refusal"]
+__all__ = [
+    "HolderKey",
+    "PageRecord",
+    "check_invariants",
+    "count_pages",
+    "destination_refusal",
+    "holder_key",
+]

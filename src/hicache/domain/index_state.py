@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.hybrid import GroupRules, Restore
-from hicache.domain.index_pages import PageRecord
+from hicache.domain.index_pages import HolderKey, PageRecord
 from hicache.domain.lru import TickLru
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Freed, PageOp, Placement, Ticket, Tier, WriteSettings
@@ -53,9 +53,12 @@ class IndexState:
         self._tickets: dict[int, Ticket] = {}
         self._next_ticket = 1
         self._evictions = [0, 0, 0]
-        # (cached tier, owning pool, page id) -> the key whose copy (or reserved destination)
-        # uses that page: one page id never holds two keys' bytes.
-        self._holder: dict[tuple[int, PoolName, int], bytes] = {}
+        # Per cached tier, per owning pool's text, page id -> the key whose copy (or reserved
+        # destination) uses that page: one page id never holds two keys' bytes. Nested dicts
+        # of plain keys: no tuple or enum hash per page on the insert path.
+        self._held: tuple[dict[str, dict[int, bytes]], ...] = tuple(
+            {p._value_: {} for p in self._owners} for _ in CACHED_TIERS
+        )
 
     def _page(self, key: bytes) -> PageRecord:
         page = self._pages.get(key)
@@ -137,8 +140,9 @@ class IndexState:
         there holds (or is reserved for) another key."""
         if tier == Tier.STORAGE:
             return None
+        by = self._held[tier]
         for pool, pid in where.items():
-            other = self._holder.get((tier, pool, pid))
+            other = by[pool._value_].get(pid)
             if other is not None and other != key:
                 return (
                     f"{Tier(tier).name} page {pid} of pool {pool.value!r} holds page "
@@ -148,12 +152,22 @@ class IndexState:
 
     def _hold(self, tier: int, key: bytes, where: Mapping[PoolName, int]) -> None:
         if tier != Tier.STORAGE:
+            by = self._held[tier]
             for pool, pid in where.items():
-                self._holder[tier, pool, pid] = key
+                by[pool._value_][pid] = key
 
     def _unhold(self, tier: int, pool: PoolName, pid: int) -> None:
         if tier != Tier.STORAGE:
-            self._holder.pop((tier, pool, pid), None)
+            self._held[tier][pool._value_].pop(pid, None)
+
+    def _holders(self) -> dict[HolderKey, bytes]:
+        """The holder map flattened (validate compares it with the placements)."""
+        return {
+            (t, name, pid): key
+            for t, by in enumerate(self._held)
+            for name, ids in by.items()
+            for pid, key in ids.items()
+        }
 
     def _check_placement(
         self, where: Mapping[PoolName, int], what: str, *, fill: bool = False

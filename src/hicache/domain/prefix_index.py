@@ -161,13 +161,18 @@ class PrefixIndex(IndexTransfers):
             raise ConfigError(f"insert: {len(keys)} keys with {len(placements)} placements")
         checked = [self._check_placement(w, "insert") for w in placements]
         # Every check before anything changes: a refused insert leaves the index as it was.
-        named: dict[tuple[PoolName, int], bytes] = {}
+        held = self._held[Tier.DEVICE]
+        named: dict[str, dict[int, bytes]] = {}  # pool text -> id -> the key placed there
         for key, where in zip(keys, checked, strict=True):
-            refused = self._held_by_other(Tier.DEVICE, key, where)
-            if refused is not None:
-                raise CacheStateError(f"insert: {refused}")
             for pool, pid in where.items():
-                if named.setdefault((pool, pid), key) != key:
+                name = pool._value_
+                other = held[name].get(pid)
+                if other is not None and other != key:
+                    raise CacheStateError(f"insert: {self._held_by_other(Tier.DEVICE, key, where)}")
+                mine = named.get(name)
+                if mine is None:
+                    mine = named[name] = {}
+                if mine.setdefault(pid, key) != key:
                     raise ConfigError(
                         f"insert: device page {pid} of pool {pool.value!r} is named for two "
                         "pages of one request"
@@ -183,7 +188,8 @@ class PrefixIndex(IndexTransfers):
             have = page.at[dev]
             if have is None and not page.pending[dev]:
                 page.at[dev] = where  # stamped by the touch below, in LRU order
-                self._hold(dev, key, where)
+                for pool, pid in where.items():
+                    held[pool._value_][pid] = key
             else:
                 for pool, pid in where.items():
                     # a load on its way (a whole page, or a fill of this copy) brings its own
@@ -191,7 +197,7 @@ class PrefixIndex(IndexTransfers):
                         free.append(Freed(dev, pool, pid))
                     else:
                         have[pool] = pid  # stamped by the touch below
-                        self._hold(dev, key, {pool: pid})
+                        held[pool._value_][pid] = key
             touched.append(page)
         self._touch(touched, enter=True)
         backup = self._wanted(touched, Tier.HOST)
@@ -321,5 +327,5 @@ class PrefixIndex(IndexTransfers):
             lru=self._lru,
             anchor=self._anchor,
             evictable=self._evictable,
-            holders=self._holder,
+            holders=self._holders(),
         )

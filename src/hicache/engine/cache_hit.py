@@ -106,11 +106,12 @@ async def find_hit(
     pins.device = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
     pins.host = [keys[i] for i in range(h) if to_load[i]]
     sources = [Tier.HOST if to_load[i] else Tier.DEVICE for i in range(h)]
-    count_match(cache.counters, cache.page_size, len(token_ids), d, h, s)
+    tokens = len(token_ids) // 4 if isinstance(token_ids, bytes) else len(token_ids)  # packed
+    count_match(cache.counters, cache.page_size, tokens, d, h, s)
     return CacheMatch(
         cache,
         keys=keys,
-        tokens=len(token_ids),
+        tokens=tokens,
         page_size=cache.page_size,
         device_pages=d,
         host_pages=h,
