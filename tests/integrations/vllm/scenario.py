@@ -75,3 +75,28 @@ def full_spec(model: Path, tmp: Path, mode: str) -> dict[str, Any]:
             },
         ],
     }
+
+
+def two_process_spec(model: Path, tmp: Path) -> dict[str, Any]:
+    """vLLM's default mode (scheduler and worker in separate processes), fewer instances:
+    recompute, a host hit after a reset, then a restart that hits the store."""
+    store = tmp / "store"
+    connector = {"host_gib": 0.05, "storage_backend": "directory", "storage_path": str(store)}
+    return {
+        "model": str(model),
+        "mode": "mp",
+        "prompts": [PROMPT0, PROMPT1],
+        "phases": [
+            {
+                "connector": connector,
+                "steps": [
+                    ["gen", [0]],  # a0: recompute
+                    ["reset"],
+                    ["gen", [0]],  # a2: host hit
+                    ["reset"],
+                    ["gen", [1]],  # a4: partial host hit
+                ],
+            },
+            {"connector": connector, "steps": [["gen", [0]]]},  # b0: storage hit (restart)
+        ],
+    }

@@ -23,7 +23,12 @@ from tests.integrations.vllm.vllm_support import require_vllm
 
 require_vllm()
 
-from tests.integrations.vllm.scenario import FULL_HIT, PARTIAL_HIT, full_spec  # noqa: E402
+from tests.integrations.vllm.scenario import (  # noqa: E402
+    FULL_HIT,
+    PARTIAL_HIT,
+    full_spec,
+    two_process_spec,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,12 +76,18 @@ def run_spec(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
     return json.loads(lines[-1].removeprefix("HICACHE-RESULT "))  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module", params=["inproc", "mp"])
-def scenario(
-    request: pytest.FixtureRequest, tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp(f"vllm-{request.param}")
-    return run_spec(full_spec(tiny_llama, tmp, request.param), tmp)
+@pytest.fixture(scope="module")
+def scenario(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The whole scenario in vLLM's single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    tmp = tmp_path_factory.mktemp("vllm-inproc")
+    return run_spec(full_spec(tiny_llama, tmp, "inproc"), tmp)
+
+
+@pytest.fixture(scope="module")
+def two_process(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """vLLM's default mode: scheduler and worker in separate processes."""
+    tmp = tmp_path_factory.mktemp("vllm-mp")
+    return run_spec(two_process_spec(tiny_llama, tmp), tmp)
 
 
 def _gen(result: dict[str, Any], phase: int, step: int, i: int = 0) -> dict[str, Any]:
@@ -126,3 +137,18 @@ def test_damaged_stored_bytes_are_recomputed_by_checksum(scenario: dict[str, Any
     assert scenario["phases"][2][10] > 0  # objects were damaged on disk
     got = _gen(scenario, 2, 11)
     assert got["tokens"] == _gen(scenario, 0, 0)["tokens"]
+
+
+def test_two_process_mode_host_partial_and_storage_hits_give_identical_tokens(
+    two_process: dict[str, Any],
+) -> None:
+    recompute = _gen(two_process, 0, 0)
+    assert recompute["cached"] == 0
+    assert len(set(recompute["tokens"])) > 12
+    host = _gen(two_process, 0, 2)
+    assert host["cached"] == FULL_HIT
+    assert host["tokens"] == recompute["tokens"]
+    assert _gen(two_process, 0, 4)["cached"] == PARTIAL_HIT
+    restart = _gen(two_process, 1, 0)
+    assert restart["cached"] == FULL_HIT
+    assert restart["tokens"] == recompute["tokens"]

@@ -22,8 +22,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
 from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm.v1.metrics.utils import create_metric_per_engine
 
 from hicache.bootstrap.storage import open_store
 from hicache.domain import ConfigError
@@ -81,6 +87,33 @@ class HiCacheStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
+
+
+class HiCachePromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter per ConnectorStats name: ``vllm:hicache_<name>`` (per engine)."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.counters: dict[str, dict[int, Any]] = {}
+        for name in NAMES:
+            counter = self._counter_cls(
+                name=f"vllm:hicache_{name}",
+                documentation=f"HiCacheConnector {name.replace('_', ' ')} (docs/vllm.md)",
+                labelnames=labelnames,
+            )
+            self.counters[name] = create_metric_per_engine(counter, per_engine_labelvalues)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            per_engine = self.counters.get(name)
+            if per_engine is not None and value > 0:
+                per_engine[engine_idx].inc(value)
 
 
 def _layout(kv_cache_config: KVCacheConfig) -> list[tuple[str, int]]:
@@ -183,6 +216,7 @@ class HiCacheConnector(KVConnectorBase_V1):
             store=self.store,
             store_key=lambda page: self._key(rank, page),
             stats=self.stats,
+            rank=rank,
         )
 
     def _plan(self) -> StepPlan:
@@ -234,6 +268,16 @@ class HiCacheConnector(KVConnectorBase_V1):
         cls, data: dict[str, Any] | None = None
     ) -> KVConnectorStats | None:
         return HiCacheStats(data=dict(data) if data else dict.fromkeys(NAMES, 0))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return HiCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._worker is not None:

@@ -82,6 +82,7 @@ class SchedulerSide:
         # Pages whose read or load failed: not offered again until a save of them succeeds
         # (vLLM reschedules the request at once; offering the same pages would loop).
         self._bad: set[bytes] = set()
+        self._hit_tokens = [0, 0]  # host, storage: since the last plan
 
     # ---- keys ------------------------------------------------------------------------------
 
@@ -169,8 +170,8 @@ class SchedulerSide:
             missing=tuple(missing),
         )
         host_blocks = sum(1 for p in picked if not p[3])
-        self.stats.add("hit_tokens_host", host_blocks * self.block_size)
-        self.stats.add("hit_tokens_storage", (len(picked) - host_blocks) * self.block_size)
+        self._hit_tokens[0] += host_blocks * self.block_size
+        self._hit_tokens[1] += (len(picked) - host_blocks) * self.block_size
         (self._async if hit.end > hit.host else self._loads).append(op)
 
     # ---- one step ------------------------------------------------------------------------
@@ -178,8 +179,16 @@ class SchedulerSide:
     def build(
         self, steps: Sequence[Scheduled], block_ids_of: Callable[[str], Sequence[int]]
     ) -> StepPlan:
-        plan = StepPlan(loads=self._loads, async_loads=self._async)
-        self._loads, self._async = [], []
+        host, storage = self._hit_tokens
+        plan = StepPlan(
+            loads=self._loads,
+            async_loads=self._async,
+            hit_tokens_host=host,
+            hit_tokens_storage=storage,
+        )
+        self._loads, self._async, self._hit_tokens = [], [], [0, 0]
+        self.stats.add("hit_tokens_host", host)
+        self.stats.add("hit_tokens_storage", storage)
         bs = self.block_size
         pins = 2 if self.write_storage else 1
         for s in steps:

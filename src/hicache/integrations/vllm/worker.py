@@ -54,7 +54,9 @@ class WorkerTransfers:
         store: Store | None,
         store_key: Callable[[bytes], StoreKey],
         stats: ConnectorStats,
+        rank: int = 0,
     ) -> None:
+        self.rank = rank
         self.names = [n for n, _ in layers]
         self.rows = dict(layers)
         self.offsets: dict[str, tuple[int, int]] = {}
@@ -92,6 +94,9 @@ class WorkerTransfers:
 
     def start_step(self, plan: StepPlan) -> None:
         self._plan = plan
+        if self.rank == 0:  # hits are per request, not per rank
+            self.stats.add("hit_tokens_host", plan.hit_tokens_host)
+            self.stats.add("hit_tokens_storage", plan.hit_tokens_storage)
         self._load_futs = {}
         self._save_futs = {}
         loads = [op for op in plan.loads if op.keys]
