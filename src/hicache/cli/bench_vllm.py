@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,22 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"hicache bench vllm needs vLLM ({e}): pip install 'hicache[vllm]'"
         ) from e
-    doc = run_bench(
-        model=model, prompt_tokens=prompt, tokens=tokens, repeats=repeats, host_gib=args.host_gib
-    )
+    # vLLM logs to stdout: send everything it prints to stderr so stdout holds only our output
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        doc = run_bench(
+            model=model,
+            prompt_tokens=prompt,
+            tokens=tokens,
+            repeats=repeats,
+            host_gib=args.host_gib,
+        )
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
     if args.json:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")

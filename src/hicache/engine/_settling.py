@@ -378,4 +378,3 @@ class Settling:
         )
         err.__cause__ = cause
         return err
-
