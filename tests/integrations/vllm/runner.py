@@ -1,13 +1,16 @@
 """Runs vLLM with HiCacheConnector in a child process and prints what happened as JSON.
 
-``python -m tests.integrations.vllm.runner SPEC.json`` where SPEC is
-{"model": folder, "mode": "inproc" | "mp", "phases": [...]}; each phase starts one LLM
-(``connector``: the kv_connector_extra_config, or null for none) and runs ``steps``: ["gen",
-prompt index list] | ["reset"] | ["damage", store dir] | ["fault", n] ... The output is
-{"phases": [[{"tokens": [...], "cached": n}, ...], ...], "stats": ...}.
+``python -m tests.integrations.vllm.runner SPEC.json`` where SPEC is {"model": folder,
+"mode": "inproc" | "mp", "tp": 1, "prompts": [[token ids], ...], "phases": [...]}; each phase
+starts one LLM (``connector``: the kv_connector_extra_config, or null for none) and runs its
+``steps``: ["gen", [prompt indexes]] | ["reset"] (vLLM's prefix cache) | ["reset_all"] (and
+hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's flag files) |
+["damage", store folder] (flip a byte in every stored object). The last stdout line is
+``HICACHE-RESULT {"phases": [[step result, ...], ...]}``; a "gen" result is a list of
+{"tokens", "cached" (vLLM's num_cached_tokens), "ms"}.
 
 One process per call: vLLM keeps global state (its platform, the connector group) that does
-not reset between LLM instances.
+not reset between processes' LLM instances cleanly across modes.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ def make_model(folder: Path, *, layers: int = 2, seed: int = 0) -> Path:
     return folder
 
 
-def _llm(model: str, connector: dict[str, object] | None, name: str = "HiCacheConnector") -> object:
+def _llm(
+    model: str, connector: dict[str, object] | None, name: str = "HiCacheConnector", tp: int = 1
+) -> object:
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -71,6 +76,7 @@ def _llm(model: str, connector: dict[str, object] | None, name: str = "HiCacheCo
         max_num_batched_tokens=8192,
         kv_transfer_config=kv,
         seed=0,
+        tensor_parallel_size=tp,
     )
 
 

@@ -223,9 +223,14 @@ class HiCacheConnector(KVConnectorBase_V1):
         meta = self._connector_metadata
         return meta.plan if isinstance(meta, HiCacheMetadata) else StepPlan()
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            self._worker.bind(self._plan())
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self._worker is not None:
-            self._worker.start_step(self._plan())
+            self._worker.start_step()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._worker is not None:

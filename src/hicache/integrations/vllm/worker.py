@@ -82,6 +82,7 @@ class WorkerTransfers:
         self._finished: set[str] = set()
         self._errors: set[int] = set()
         self._plan = StepPlan()
+        self._started = False
         self._load_futs: dict[str, Future[None]] = {}
         self._save_futs: dict[str, Future[None]] = {}
         self._pending_io: list[Future[None]] = []
@@ -92,13 +93,24 @@ class WorkerTransfers:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def start_step(self, plan: StepPlan) -> None:
+    def bind(self, plan: StepPlan) -> None:
+        """This step's plan (vLLM binds it before the forward; saves may start at once)."""
         self._plan = plan
+        self._started = False
+        self._load_futs = {}
+        self._save_futs = {}
         if self.rank == 0:  # hits are per request, not per rank
             self.stats.add("hit_tokens_host", plan.hit_tokens_host)
             self.stats.add("hit_tokens_storage", plan.hit_tokens_storage)
-        self._load_futs = {}
-        self._save_futs = {}
+
+    def start_step(self, plan: StepPlan | None = None) -> None:
+        """Start the bound plan's loads (binding ``plan`` first when given)."""
+        if plan is not None:
+            self.bind(plan)
+        if self._started:
+            return
+        self._started = True
+        plan = self._plan
         loads = [op for op in plan.loads if op.keys]
         if loads:
             slots = torch.tensor([s for op in loads for s in op.slots], dtype=torch.long)
@@ -122,6 +134,7 @@ class WorkerTransfers:
     def finish_step(self) -> None:
         """Finish this step's saves and loads; report them; start the store writes."""
         plan = self._plan
+        self.start_step()  # vLLM calls start_load_kv after the forward when no load is sync
         for name in self.names:
             self.save_layer(name)
         t0 = time.perf_counter()
@@ -155,6 +168,7 @@ class WorkerTransfers:
             self._events.extend(events)
             self._errors |= errors
         self._plan = StepPlan()
+        self._started = False
         self._load_futs = {}
         self._save_futs = {}
         self._pending_io = [f for f in self._pending_io if not f.done()]
