@@ -90,7 +90,10 @@ def run(spec: dict[str, object]) -> dict[str, object]:
     out: list[list[object]] = []
     for phase in spec["phases"]:  # type: ignore[attr-defined]
         llm = _llm(
-            str(spec["model"]), phase.get("connector"), phase.get("name", "HiCacheConnector")
+            str(spec["model"]),
+            phase.get("connector"),
+            phase.get("name", "HiCacheConnector"),
+            int(spec.get("tp", 1)),
         )
         results: list[object] = []
         for step in phase["steps"]:
