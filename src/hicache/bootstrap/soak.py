@@ -296,10 +296,7 @@ class _Soak:
         cache, rt = st.cache, st.rt
         cache.index.validate()
         leaked = 0
-        for tier, slots in (
-            (Tier.DEVICE, rt.runtime.device_slots),
-            (Tier.HOST, rt.runtime.host_slots),
-        ):
+        for tier, slots in ((Tier.DEVICE, rt.runtime.device_slots), (Tier.HOST, rt.runtime.host_slots)):
             held: dict[PoolName, set[int]] = {p: set() for p in st.owners}
             for key in st.keys:
                 where = cache.index.placement(tier, key) or {}
@@ -402,12 +399,8 @@ async def soak(settings: SoakSettings) -> SoakReport:
             for st in stacks:
                 await st.cache.wait_idle()
                 if "leak_pins" in settings.sabotage and st.keys:
-                    key = next(
-                        k
-                        for k in sorted(st.keys)
-                        if st.cache.index.placement(Tier.HOST, k)
-                        or st.cache.index.placement(Tier.DEVICE, k)
-                    )
+                    key = next(k for k in sorted(st.keys) if st.cache.index.placement(
+                        Tier.HOST, k) or st.cache.index.placement(Tier.DEVICE, k))
                     tier = Tier.HOST if st.cache.index.placement(Tier.HOST, key) else Tier.DEVICE
                     st.cache.index.pin(tier, [key])
                 slots, pins = run.final_check(st)

@@ -176,10 +176,7 @@ def measure(max_bytes: int, repeats: int, max_pages: int = 100_000) -> dict[str,
 def render(doc: dict[str, Any]) -> str:
     c, p = doc["copy"], doc["planner"]
     lines = ["copy (native memcpy):"]
-    lines += [
-        f"  {pt['bytes'] / MiB:8.0f} MiB  {pt['ms']:9.3f} ms  {pt['gbps']:7.2f} GB/s"
-        for pt in c["points"]
-    ]
+    lines += [f"  {pt['bytes'] / MiB:8.0f} MiB  {pt['ms']:9.3f} ms  {pt['gbps']:7.2f} GB/s" for pt in c["points"]]
     lines.append(
         f"  time per byte, largest / smallest: {c['ratio_per_byte']:.3f} (target <= {c['target']})"
     )
@@ -188,7 +185,9 @@ def render(doc: dict[str, Any]) -> str:
         f"  {pt['layers']:8d} layers  {pt['us']:10.2f} us  {pt['us_per_layer']:8.3f} us/layer"
         for pt in p["points"]
     ]
-    lines.append(f"  time per layer, 256 / 8: {p['ratio_per_layer']:.3f} (target <= {p['target']})")
+    lines.append(
+        f"  time per layer, 256 / 8: {p['ratio_per_layer']:.3f} (target <= {p['target']})"
+    )
     k = doc["cache"]
     lines.append("cache (prefix index match, page size 64):")
     lines += [

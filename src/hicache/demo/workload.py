@@ -234,15 +234,16 @@ async def _run(
             )
             if store is not None:
                 await evict_to(server, "storage")
-                runs.append(await run_cached(server, prompt, decode_steps=steps, prefetch=True))
+                runs.append(
+                    await run_cached(server, prompt, decode_steps=steps, prefetch=True)
+                )
             await server.cache.wait_idle()
             hit = runs[0][0].hit
             worst, same = 0.0, True
             for run, _ in runs:
                 if run.hit != hit:
-                    raise ConfigError(
-                        f"{name}: the storage hit restored {run.hit} tokens, the host hit {hit}"
-                    )
+                    raise ConfigError(f"{name}: the storage hit restored {run.hit} tokens, the "
+                                      f"host hit {hit}")
                 ref = RunResult(reference.logits[hit:], reference.tokens, reference.ttft_s)
                 w, s_ = differences(ref, run)
                 worst, same = max(worst, w), same and s_
@@ -286,7 +287,9 @@ async def _run(
         "tokens_identical": all(r.tokens_identical for r in results),
         "exposed_fraction": _exposed([f for r in results for f in r.loads]),
         "runs": [r.as_json() for r in results],
-        "_timelines": [{"name": r.name, "layers": r.times, "loaded": r.loaded} for r in results],
+        "_timelines": [
+            {"name": r.name, "layers": r.times, "loaded": r.loaded} for r in results
+        ],
     }
 
 

@@ -41,7 +41,9 @@ class PageRecord:
         return not any(self.at) and not any(self.pending)
 
 
-def count_pages(records: Iterable[PageRecord], *, tickets: int, evictions: list[int]) -> IndexStats:
+def count_pages(
+    records: Iterable[PageRecord], *, tickets: int, evictions: list[int]
+) -> IndexStats:
     """Pages per tier, pinned pages per tier, transfers in flight, evictions per tier."""
     on = [0, 0, 0]
     pinned = [0, 0, 0]

@@ -40,7 +40,9 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
     try:
         packed = array(_U32, token_ids)
     except (OverflowError, TypeError):
-        bad = next((t for t in token_ids if not is_int(t) or not 0 <= int(t) < 2**32), token_ids)
+        bad = next(
+            (t for t in token_ids if not is_int(t) or not 0 <= int(t) < 2**32), token_ids
+        )
         raise ConfigError(
             f"token id {bad!r}: expected an integer in [0, 2**32) (packed as little-endian uint32)"
         ) from None

@@ -103,3 +103,4 @@ def group_namespaces(plan: HostGroupPlan, rank: RankIdentity) -> dict[PoolName, 
 def store_keys(namespace: str, pool: PoolName, keys: Sequence[PageKey]) -> list[StoreKey]:
     """One StoreKey per page key for ``pool`` under ``namespace``."""
     return [StoreKey(namespace, pool.value, k.hex()) for k in keys]
+

@@ -47,7 +47,8 @@ class WritePolicy(enum.Enum):
             return cls(str(value).strip().lower())
         except ValueError:
             raise ConfigError(
-                f"unknown write policy {value!r}: expected one of {', '.join(m.value for m in cls)}"
+                f"unknown write policy {value!r}: expected one of "
+                f"{', '.join(m.value for m in cls)}"
             ) from None
 
 

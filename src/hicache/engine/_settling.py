@@ -378,3 +378,4 @@ class Settling:
         )
         err.__cause__ = cause
         return err
+

@@ -116,11 +116,8 @@ class HiCache:
         self.work.tg = tg
         self._loop_thread = threading.get_ident()
         self._state = "open"
-        log.info(
-            "cache_opened",
-            pools=[p.value for p in self.rules.names],
-            store=self.storage is not None,
-        )
+        log.info("cache_opened", pools=[p.value for p in self.rules.names], store=self.storage
+                 is not None)
         return self
 
     async def __aexit__(

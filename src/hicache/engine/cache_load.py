@@ -161,7 +161,6 @@ async def join_loads(cache: HiCache, match: CacheMatch) -> None:
         if not others:
             return
 
-
 def completes(device: Placement | None, host: Placement | None) -> bool:
     """Whether ``host`` holds pools the ``device`` copy lacks."""
     return host is not None and device is not None and not host.keys() <= device.keys()

@@ -78,22 +78,16 @@ async def prefetch(
     m = cache.index.match(keys, touch=False)
     start = m.host_pages
     if storage is None:
-        return PrefetchResult(
-            requested=0, read=0, host_pages=start, page_size=ps, skipped="no storage tier"
-        )
+        return PrefetchResult(requested=0, read=0, host_pages=start, page_size=ps,
+                              skipped="no storage tier")
     if hint < 0:
         hint = await storage_boundary(cache, keys, max(start, m.storage_pages))
     end = min(hint, len(keys))
     todo = reads(cache, keys, start, end)
     requested = len(todo)
     if requested < cache.settings.prefetch_min_pages:
-        return PrefetchResult(
-            requested=requested,
-            read=0,
-            host_pages=start,
-            page_size=ps,
-            skipped="fewer pages than prefetch_min_pages",
-        )
+        return PrefetchResult(requested=requested, read=0, host_pages=start, page_size=ps,
+                              skipped="fewer pages than prefetch_min_pages")
     if deadline is None:
         deadline = storage.deadline_for(requested * ps)
     batch = cache.settings.prefetch_batch_pages
@@ -110,9 +104,7 @@ async def prefetch(
 
 
 async def _batch(
-    cache: HiCache,
-    keys: Sequence[bytes],
-    wants: Sequence[Sequence[PoolName]],
+    cache: HiCache, keys: Sequence[bytes], wants: Sequence[Sequence[PoolName]],
     deadline: float | None,
 ) -> int:
     """One batch: the number of leading pages read."""
@@ -151,9 +143,7 @@ async def _batch(
             flags = [i < run for i in range(len(flags))]
             acts = cache.index.complete(ticket, flags)
             cache.work.free(acts.free)
-            lost = [
-                (k, d) for k, d, f in zip(ticket.keys, ticket.dests, flags, strict=True) if not f
-            ]
+            lost = [(k, d) for k, d, f in zip(ticket.keys, ticket.dests, flags, strict=True) if not f]
             _forget(cache, lost)
             cache.counters.add("prefetched_pages", run)
             cache.counters.add("bytes_prefetched", cache.work.bytes_of(ticket.dests[:run]))

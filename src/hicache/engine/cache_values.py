@@ -49,9 +49,7 @@ def _tier_settings(_inst: object, _attr: object, value: StorageTierSettings | No
 
 def _window(_inst: object, _attr: object, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-        raise ConfigError(
-            f"sliding_window must be a positive number of tokens or None, got {value!r}"
-        )
+        raise ConfigError(f"sliding_window must be a positive number of tokens or None, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
