@@ -168,3 +168,11 @@ def test_full_host_tier_skips_saves_instead_of_failing() -> None:
     plan = s.build([Scheduled("a", PROMPT, 0, 17)], lambda _r: [0, 1, 2, 3, 4])
     assert len(plan.saves) == 2
     assert s.stats.snapshot()["save_errors"] == 2
+
+
+def test_a_request_vllm_fully_hit_still_saves_its_new_blocks() -> None:
+    s = side()
+    tokens = PROMPT[:8]
+    assert s.match("a", tokens, 4) == (0, False)  # vLLM's own cache has all it may hit
+    plan = s.build([Scheduled("a", tokens, 4, 4)], lambda _r: [3, 9])
+    assert [op.block for op in plan.saves] == [3, 9]

@@ -106,6 +106,8 @@ class SchedulerSide:
         limit = (len(prompt) - 1) // bs  # at least one token stays for vLLM to compute
         start = num_computed // bs
         self._hits.pop(req_id, None)
+        if req_id not in self._reqs:  # saved later even when nothing is hit now
+            self._reqs[req_id] = _Request(len(prompt))
         if limit <= start:
             return 0, False
         keys = self._keys(req_id, prompt, limit, len(prompt))
