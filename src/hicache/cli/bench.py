@@ -9,6 +9,7 @@
 - bench scale: copy time per byte and planner time per layer as sizes grow (hicache.cli.bench_scale).
 - bench soak: random cache operations with injected faults; leak and byte checks
   (hicache.cli.bench_soak).
+- bench vllm: TTFT of a real vLLM with HiCacheConnector (hicache.cli.bench_vllm; needs vLLM).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def register(sub: Any) -> None:
         bench_sglang,
         bench_soak,
         bench_storage,
+        bench_vllm,
     )
 
     p = sub.add_parser(
@@ -47,3 +49,4 @@ def register(sub: Any) -> None:
     bench_sglang.register(inner)
     bench_scale.register(inner)
     bench_soak.register(inner)
+    bench_vllm.register(inner)

@@ -1,0 +1,83 @@
+"""`hicache bench vllm`: TTFT of a real vLLM with HiCacheConnector against recompute, vLLM's
+own prefix cache and vLLM's ExampleConnector (hicache.integrations.vllm.bench; imported only
+when the command runs, so the cli never needs vLLM).
+
+JSON: {"model", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache", "hicache_host",
+"hicache_storage", "example_connector"}, "ratios", "hit_tokens", "tokens_identical"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hicache.cli._options import positive_option
+from hicache.domain import ConfigError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "vllm",
+        help="TTFT of vLLM with HiCacheConnector (host, storage) against recompute and peers",
+        description=(
+            "Run a tiny model in vLLM (one instance per configuration) and time the first "
+            "token of a long prompt: recompute, vLLM's prefix cache, a hicache host hit, a "
+            "hicache storage hit after a restart, vLLM's ExampleConnector. Needs vLLM."
+        ),
+    )
+    p.add_argument("--model", default=None, help="a model folder (default: a tiny random Llama)")
+    p.add_argument("--prompt-tokens", type=int, default=4096, help="prompt length (4096)")
+    p.add_argument("--tokens", type=int, default=24, help="greedy tokens compared (24)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; medians (3)")
+    p.add_argument("--host-gib", type=float, default=1.0, help="host tier GiB (1)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = positive_option("prompt-tokens", args.prompt_tokens)
+    tokens = positive_option("tokens", args.tokens)
+    repeats = positive_option("repeats", args.repeats)
+    if prompt < 64:
+        raise ConfigError(f"--prompt-tokens must be at least 64, got {prompt}")
+    if not args.host_gib > 0:
+        raise ConfigError(f"--host-gib must be a positive number, got {args.host_gib!r}")
+    model = Path(args.model) if args.model else None
+    if model is not None and not (model / "config.json").is_file():
+        raise ConfigError(f"--model {args.model!r}: expected a folder holding config.json")
+    try:
+        from hicache.integrations.vllm.bench import run_bench
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError(
+            f"hicache bench vllm needs vLLM ({e}): pip install 'hicache[vllm]'"
+        ) from e
+    # vLLM logs to stdout: send everything it prints to stderr so stdout holds only our output
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        doc = run_bench(
+            model=model,
+            prompt_tokens=prompt,
+            tokens=tokens,
+            repeats=repeats,
+            host_gib=args.host_gib,
+        )
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    if args.json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        for name, ms in doc["ttft_ms"].items():
+            sys.stdout.write(f"{name:20s} {ms:10.1f} ms\n")
+        sys.stdout.write(f"hit tokens: {doc['hit_tokens']}\n")
+        sys.stdout.write(f"ratios: {doc['ratios']}\n")
+        sys.stdout.write(f"tokens identical: {doc['tokens_identical']}\n")
+    return 0

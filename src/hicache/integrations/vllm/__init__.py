@@ -1,0 +1,26 @@
+"""hicache as a vLLM v1 KV connector (see docs/vllm.md).
+
+- HiCacheConnector (hicache.integrations.vllm.connector): name it in ``--kv-transfer-config``
+  with ``"kv_connector": "HiCacheConnector"`` and
+  ``"kv_connector_module_path": "hicache.integrations.vllm"``. Importing it imports vLLM.
+- ConnectorSettings (settings), HostIndex (host_index), SchedulerSide (scheduler),
+  WorkerTransfers (worker), StepPlan and the per-page events (plan), ConnectorStats (stats):
+  the parts, importable without vLLM.
+
+``HiCacheConnector`` is resolved on first access (PEP 562), so the vLLM-free parts import
+without vLLM installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HiCacheConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HiCacheConnector":
+        from hicache.integrations.vllm.connector import HiCacheConnector
+
+        return HiCacheConnector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,188 @@
+"""`hicache bench vllm`: time to first token of a real vLLM with and without HiCacheConnector.
+
+One process, vLLM in its single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0, eager), one
+LLM instance per configuration on a tiny random-weight Llama made with transformers (or
+``--model``). Each configuration first runs the prompt once (recompute: it also fills the
+cache under test), then times a one-token generate (the TTFT) of the same prompt:
+
+- recompute: no connector, vLLM's prefix cache reset before the timed run;
+- vllm_prefix_cache: no connector, the timed run hits vLLM's own prefix cache (the floor);
+- hicache_host: HiCacheConnector (host tier), vLLM's prefix cache reset before the timed run;
+- hicache_storage: a new LLM (a restart) over the directory store the previous one wrote;
+- example_connector: vLLM's ExampleConnector (safetensors files), vLLM's prefix cache reset.
+
+Every cached configuration also generates ``--tokens`` greedy tokens from its cache;
+``tokens_identical`` is true only if all of them equal recompute's. The multi-turn workload
+(``hit_tokens.multi_turn_host``): turn 2 = turn 1's prompt + its 48-token reply + 64 new
+tokens; hicache's hit covers the reply's full block too (save_decode): 4,128 of 4,208 tokens. Ratios are computed from medians of ``--repeats`` timed runs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BLOCK = 32
+
+
+def make_tiny_llama(folder: Path, *, layers: int = 2, hidden: int = 256, seed: int = 0) -> Path:
+    """A LlamaForCausalLM with random weights (initializer_range 0.25: greedy tokens vary)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (folder / "config.json").exists():
+        return folder
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=16384,
+        initializer_range=0.25,
+        torch_dtype="bfloat16",
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def _llm(model: Path, connector: str | None, extra: dict[str, Any]) -> Any:
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kv = None
+    if connector is not None:
+        module = (
+            "hicache.integrations.vllm"
+            if connector == "HiCacheConnector"
+            else "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
+        )
+        kv = KVTransferConfig(
+            kv_connector=connector,
+            kv_connector_module_path=module,
+            kv_role="kv_both",
+            kv_connector_extra_config=extra,
+            kv_load_failure_policy="recompute",
+        )
+    return LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        enable_prefix_caching=True,
+        block_size=BLOCK,
+        enforce_eager=True,
+        max_model_len=16384,
+        max_num_batched_tokens=16384,
+        kv_transfer_config=kv,
+        seed=0,
+    )
+
+
+def run_bench(
+    *, model: Path | None, prompt_tokens: int, tokens: int, repeats: int, host_gib: float
+) -> dict[str, Any]:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import SamplingParams
+
+    rng = random.Random(7)
+    prompt = [rng.randrange(1, 1000) for _ in range(prompt_tokens)]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    many = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+
+    def gen(llm: Any, ids: list[int], params: Any) -> tuple[float, list[int], int]:
+        t0 = time.perf_counter()
+        (out,) = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        ms = (time.perf_counter() - t0) * 1000
+        return ms, list(out.outputs[0].token_ids), int(out.num_cached_tokens or 0)
+
+    ttft: dict[str, float] = {}
+    hits: dict[str, int] = {}
+    outputs: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory(prefix="hicache-bench-vllm-") as tmp:
+        root = Path(tmp)
+        folder = model or make_tiny_llama(root / "model")
+        store, example = root / "store", root / "example"
+        example.mkdir()
+
+        def timed(llm: Any, name: str, reset: bool) -> None:
+            runs = []
+            for _ in range(repeats):
+                if reset:
+                    llm.reset_prefix_cache()
+                ms, _, cached = gen(llm, prompt, one)
+                runs.append(ms)
+                hits[name] = cached
+            ttft[name] = statistics.median(runs)
+            if reset:
+                llm.reset_prefix_cache()
+            outputs[name] = gen(llm, prompt, many)[1]
+
+        llm = _llm(folder, None, {})
+        gen(llm, prompt, one)  # warm-up (first-call costs)
+        runs = []
+        for _ in range(repeats):
+            llm.reset_prefix_cache()
+            runs.append(gen(llm, prompt, one)[0])
+        ttft["recompute"] = statistics.median(runs)
+        llm.reset_prefix_cache()
+        outputs["recompute"] = gen(llm, prompt, many)[1]
+        timed(llm, "vllm_prefix_cache", reset=False)
+        hits.pop("vllm_prefix_cache", None)
+        del llm
+
+        extra = {"host_gib": host_gib, "storage_backend": "directory", "storage_path": str(store)}
+        llm = _llm(folder, "HiCacheConnector", extra)
+        gen(llm, prompt, one)  # fills host and store
+        timed(llm, "hicache_host", reset=True)
+        # a chat: turn 1 replies 48 tokens (a decode block fills and is saved), turn 2 sends
+        # the whole conversation plus 64 new tokens after vLLM's prefix cache was reset
+        reply = gen(llm, prompt, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))[1]
+        turn2 = prompt + reply + [rng.randrange(1, 1000) for _ in range(64)]
+        llm.reset_prefix_cache()
+        hits["multi_turn_host"] = gen(llm, turn2, one)[2]
+        del llm
+
+        llm = _llm(folder, "HiCacheConnector", extra)  # a restart over the same store
+        runs = []
+        for _ in range(repeats):
+            llm.reset_prefix_cache(reset_connector=True)  # empty host: the store must serve
+            ms, _, cached = gen(llm, prompt, one)
+            runs.append(ms)
+            hits["hicache_storage"] = cached
+        ttft["hicache_storage"] = statistics.median(runs)
+        llm.reset_prefix_cache(reset_connector=True)
+        outputs["hicache_storage"] = gen(llm, prompt, many)[1]
+        del llm
+
+        llm = _llm(folder, "ExampleConnector", {"shared_storage_path": str(example)})
+        gen(llm, prompt, one)
+        timed(llm, "example_connector", reset=True)
+        del llm
+
+    base = outputs["recompute"]
+    rec = ttft["recompute"]
+    return {
+        "model": str(model) if model else "tiny-llama (2 layers, hidden 256, random weights)",
+        "prompt_tokens": prompt_tokens,
+        "ttft_ms": {k: round(v, 1) for k, v in ttft.items()},
+        "ratios": {
+            "hicache_host_vs_recompute": round(ttft["hicache_host"] / rec, 3),
+            "hicache_host_vs_vllm_prefix_cache": round(
+                ttft["hicache_host"] / ttft["vllm_prefix_cache"], 3
+            ),
+            "hicache_storage_vs_recompute": round(ttft["hicache_storage"] / rec, 3),
+            "hicache_host_vs_example_connector": round(
+                ttft["hicache_host"] / ttft["example_connector"], 3
+            ),
+        },
+        "hit_tokens": hits,
+        "tokens_identical": all(v == base for v in outputs.values()),
+    }

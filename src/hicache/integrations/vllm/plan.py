@@ -1,0 +1,97 @@
+"""What the scheduler side asks of the workers each step, and what the workers report back.
+
+- LoadOp: one request's pages to restore: (key, host slot, device block, read from storage first).
+- SaveOp: one full block a step computed, to copy into a host slot (and then to the store).
+- StepPlan: a step's loads (synchronous ones feed this step's forward; asynchronous ones run
+  between steps), saves and the requests whose asynchronous load the scheduler waits for.
+- Event / WorkerEvents: per-page outcomes a worker reports (save, store, read, load; ok or not).
+- Agreement: the scheduler's tally of reports: a page op is settled once every rank reported it;
+  it succeeded only if every rank's copy did (a hit counts only where every rank has the data).
+
+Plain picklable values: they cross process boundaries inside vLLM's metadata objects.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+import attrs
+
+
+class Op(enum.Enum):
+    SAVE = "save"  # device block -> host slot
+    STORE = "store"  # host slot -> store (the slot's pin ends)
+    READ = "read"  # store -> host slot
+    LOAD = "load"  # host slot -> device block (the slot's pin ends)
+
+
+@attrs.frozen
+class LoadOp:
+    req_id: str
+    keys: tuple[bytes, ...]
+    slots: tuple[int, ...]
+    blocks: tuple[int, ...]
+    from_storage: tuple[bool, ...]
+    missing: tuple[int, ...] = ()  # blocks promised to vLLM that could not be planned
+
+
+@attrs.frozen
+class SaveOp:
+    req_id: str
+    key: bytes
+    slot: int
+    block: int
+    store: bool
+
+
+@attrs.define
+class StepPlan:
+    loads: list[LoadOp] = attrs.field(factory=list)
+    async_loads: list[LoadOp] = attrs.field(factory=list)
+    saves: list[SaveOp] = attrs.field(factory=list)
+    # tokens hit per tier since the last plan (scheduler side): rank 0's worker counts them in
+    # the stats vLLM collects from workers
+    hit_tokens_host: int = 0
+    hit_tokens_storage: int = 0
+
+
+@attrs.frozen
+class Event:
+    op: Op
+    key: bytes
+    ok: bool
+    nbytes: int = 0
+
+
+@attrs.define
+class WorkerEvents:
+    """One or more ranks' events of one step (``merge`` concatenates ranks)."""
+
+    events: list[Event] = attrs.field(factory=list)
+
+    def merge(self, other: WorkerEvents) -> WorkerEvents:
+        return WorkerEvents(self.events + other.events)
+
+
+@attrs.define
+class Agreement:
+    """Tally of per-rank reports; ``add`` returns the ops settled by these events."""
+
+    ranks: int
+    _seen: dict[tuple[Op, bytes], list[int]] = attrs.field(factory=dict)
+
+    def add(self, events: Iterable[Event]) -> list[tuple[Op, bytes, bool]]:
+        settled: list[tuple[Op, bytes, bool]] = []
+        for e in events:
+            tally = self._seen.setdefault((e.op, e.key), [0, 0])
+            tally[0] += 1
+            tally[1] += 0 if e.ok else 1
+            if tally[0] >= self.ranks:
+                del self._seen[(e.op, e.key)]
+                settled.append((e.op, e.key, tally[1] == 0))
+        return settled
+
+    @property
+    def waiting(self) -> int:
+        return len(self._seen)

@@ -1,0 +1,44 @@
+"""A DirectoryStore whose reads a test can break from another process (flag files).
+
+Loaded by HiCacheConnector through hicache's "dynamic" storage backend
+(``module_path`` = this module, ``class_name`` = "FaultyStore"); ``flags_dir`` names a folder:
+- ``fail_after`` (a number n): keys after the first n of a get answer TRANSIENT (a store fault
+  in the middle of a load);
+- ``corrupt``: every page read OK has its bytes scrambled after the checksum passed (damage the
+  checksum cannot see: the output must change, which proves the loaded KV is used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hicache.adapters.storage import DirectorySettings, DirectoryStore
+from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
+
+
+class FaultyStore(DirectoryStore):
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        cfg = dict(config)
+        self.flags = Path(cfg.pop("flags_dir"))
+        super().__init__(DirectorySettings.from_config(cfg))
+
+    def get(
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
+    ) -> list[StoreStatus]:
+        statuses = super().get(keys, buffers, deadline=deadline)
+        fail = self.flags / "fail_after"
+        if fail.exists():
+            n = int(fail.read_text())
+            statuses = [s if i < n else StoreStatus.TRANSIENT for i, s in enumerate(statuses)]
+        if (self.flags / "corrupt").exists():
+            for status, buffer in zip(statuses, buffers, strict=True):
+                if status.ok:
+                    for seg in buffer:
+                        seg[::3] = bytes(len(seg[::3]))
+        return statuses

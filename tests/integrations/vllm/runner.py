@@ -1,0 +1,151 @@
+"""Runs vLLM with HiCacheConnector in a child process and prints what happened as JSON.
+
+``python -m tests.integrations.vllm.runner SPEC.json`` where SPEC is {"model": folder,
+"mode": "inproc" | "mp", "tp": 1, "prompts": [[token ids], ...], "phases": [...]}; each phase
+starts one LLM (``connector``: the kv_connector_extra_config, or null for none) and runs its
+``steps``: ["gen", [prompt indexes]] | ["reset"] (vLLM's prefix cache) | ["reset_all"] (and
+hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's flag files) |
+["damage", store folder] (flip a byte in every stored object). The last stdout line is
+``HICACHE-RESULT {"phases": [[step result, ...], ...]}``; a "gen" result is a list of
+{"tokens", "cached" (vLLM's num_cached_tokens), "ms"}.
+
+One process per call: vLLM keeps global state (its platform, the connector group) that does
+not reset between processes' LLM instances cleanly across modes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def make_model(folder: Path, *, layers: int = 2, seed: int = 0) -> Path:
+    """A tiny LlamaForCausalLM with random weights (initializer_range 0.25: varied tokens)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (folder / "config.json").exists():
+        return folder
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=8192,
+        initializer_range=0.25,
+        torch_dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _llm(
+    model: str, connector: dict[str, object] | None, name: str = "HiCacheConnector", tp: int = 1
+) -> object:
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kv = None
+    if connector is not None:
+        module = (
+            "hicache.integrations.vllm"
+            if name == "HiCacheConnector"
+            else "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
+        )
+        kv = KVTransferConfig(
+            kv_connector=name,
+            kv_connector_module_path=module,
+            kv_role="kv_both",
+            kv_connector_extra_config=connector,
+            kv_load_failure_policy="recompute",
+        )
+    return LLM(
+        model=model,
+        skip_tokenizer_init=True,
+        enable_prefix_caching=True,
+        block_size=32,
+        enforce_eager=True,
+        max_model_len=8192,
+        max_num_batched_tokens=8192,
+        kv_transfer_config=kv,
+        seed=0,
+        tensor_parallel_size=tp,
+    )
+
+
+def run(spec: dict[str, object]) -> dict[str, object]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(
+        temperature=0.0, max_tokens=int(spec.get("max_tokens", 24)), ignore_eos=True
+    )
+    prompts: list[list[int]] = spec["prompts"]  # type: ignore[assignment]
+    out: list[list[object]] = []
+    for phase in spec["phases"]:  # type: ignore[attr-defined]
+        llm = _llm(
+            str(spec["model"]),
+            phase.get("connector"),
+            phase.get("name", "HiCacheConnector"),
+            int(spec.get("tp", 1)),
+        )
+        results: list[object] = []
+        for step in phase["steps"]:
+            if step[0] == "gen":
+                import time
+
+                t0 = time.perf_counter()
+                got = llm.generate(  # type: ignore[attr-defined]
+                    [{"prompt_token_ids": prompts[i]} for i in step[1]], params, use_tqdm=False
+                )
+                ms = (time.perf_counter() - t0) * 1000
+                results.append(
+                    [
+                        {
+                            "tokens": list(r.outputs[0].token_ids),
+                            "cached": r.num_cached_tokens,
+                            "ms": ms,
+                        }
+                        for r in got
+                    ]
+                )
+            elif step[0] == "reset":
+                results.append(bool(llm.reset_prefix_cache()))  # type: ignore[attr-defined]
+            elif step[0] == "reset_all":  # vLLM's prefix cache and hicache's host tier
+                results.append(bool(llm.reset_prefix_cache(reset_connector=True)))  # type: ignore[attr-defined]
+            elif step[0] == "flag":  # ["flag", folder, name, text or null]
+                flag = Path(step[1]) / step[2]
+                if step[3] is None:
+                    flag.unlink(missing_ok=True)
+                else:
+                    flag.write_text(str(step[3]))
+                results.append(step[2])
+            elif step[0] == "damage":
+                n = 0
+                for f in sorted(Path(step[1]).rglob("*.obj")):
+                    data = bytearray(f.read_bytes())
+                    data[-100] ^= 0xFF
+                    f.write_bytes(bytes(data))
+                    n += 1
+                results.append(n)
+        out.append(results)
+        del llm
+        import gc
+
+        gc.collect()
+    return {"phases": out}
+
+
+if __name__ == "__main__":
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    if spec.get("mode") == "inproc":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    result = run(spec)
+    print("HICACHE-RESULT " + json.dumps(result), flush=True)
+    os._exit(0)

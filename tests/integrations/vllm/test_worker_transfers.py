@@ -1,0 +1,107 @@
+"""The worker's data path without vLLM: whole-block copies, store writes and reads, failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hicache.adapters.storage import DirectorySettings, DirectoryStore
+from hicache.domain import DeviceError
+from hicache.domain.storage import StoreKey
+from hicache.integrations.vllm.plan import LoadOp, Op, SaveOp, StepPlan
+from hicache.integrations.vllm.stats import ConnectorStats
+from hicache.integrations.vllm.worker import WorkerTransfers, block_rows
+
+BLOCKS = 8
+
+
+def caches() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    # vLLM CPU layout: blocks first, then K/V, heads, tokens, head dim (order inside is opaque)
+    return {
+        f"layer.{i}": torch.randn(BLOCKS, 2, 2, 4, 8, generator=g).to(torch.bfloat16)
+        for i in range(3)
+    }
+
+
+def key(i: int) -> bytes:
+    return bytes([i]) * 32
+
+
+def transfers(c: dict[str, torch.Tensor], store: DirectoryStore | None = None) -> WorkerTransfers:
+    layers = [(n, block_rows(n, t, BLOCKS)) for n, t in c.items()]
+    return WorkerTransfers(
+        layers,
+        host_bytes=4 * sum(r.shape[1] for _, r in layers),
+        store=store,
+        store_key=lambda page: StoreKey(namespace="t", pool="kv-r0", page_hash=page.hex()),
+        stats=ConnectorStats(),
+    )
+
+
+def test_blocks_saved_then_loaded_into_other_blocks_are_byte_identical() -> None:
+    c = caches()
+    w = transfers(c)
+    before = {n: t[2].clone() for n, t in c.items()}
+    w.start_step(StepPlan(saves=[SaveOp("r", key(1), 3, 2, False)]))
+    w.save_layer("layer.0")  # vLLM reports layers as they are computed
+    w.finish_step()
+    assert [(e.op, e.ok) for e in w.drain_events()] == [(Op.SAVE, True)]
+    w.start_step(StepPlan(loads=[LoadOp("q", (key(1),), (3,), (5,), (False,))]))
+    for n in c:
+        w.wait_layer(n)
+        assert torch.equal(c[n][5], before[n])
+    w.finish_step()
+    assert [(e.op, e.ok) for e in w.drain_events()] == [(Op.LOAD, True)]
+    assert w.drain_errors() == set()
+    w.close()
+
+
+def test_store_write_then_async_read_restores_the_blocks(tmp_path: Path) -> None:
+    c = caches()
+    store = DirectoryStore(DirectorySettings(root=tmp_path))
+    w = transfers(c, store)
+    before = {n: t[1].clone() for n, t in c.items()}
+    w.start_step(StepPlan(saves=[SaveOp("r", key(1), 0, 1, True)]))
+    w.finish_step()
+    w.wait_idle()
+    assert {(e.op, e.ok) for e in w.drain_events()} == {(Op.SAVE, True), (Op.STORE, True)}
+    w.host.zero_()  # the host copy is gone: the store must supply the bytes
+    w.start_step(StepPlan(async_loads=[LoadOp("q", (key(1),), (2,), (6,), (True,))]))
+    w.finish_step()
+    w.wait_idle()
+    assert w.drain_finished() == {"q"}
+    assert {(e.op, e.ok) for e in w.drain_events()} == {(Op.READ, True), (Op.LOAD, True)}
+    for n in c:
+        assert torch.equal(c[n][6], before[n])
+    w.close()
+
+
+def test_a_missing_store_page_is_a_load_error_for_it_and_the_blocks_after(tmp_path: Path) -> None:
+    c = caches()
+    w = transfers(c, DirectoryStore(DirectorySettings(root=tmp_path)))
+    w.start_step(StepPlan(saves=[SaveOp("r", key(1), 0, 1, True)]))
+    w.finish_step()
+    w.wait_idle()
+    w.drain_events()
+    op = LoadOp(
+        "q", (key(1), key(2), key(3)), (1, 2, 3), (5, 6, 7), (True, True, True), missing=(4,)
+    )
+    w.start_step(StepPlan(async_loads=[op]))
+    w.finish_step()
+    w.wait_idle()
+    assert w.drain_finished() == {"q"}
+    assert w.drain_errors() == {6, 7, 4}
+    reads = {e.key: e.ok for e in w.drain_events() if e.op is Op.READ}
+    assert reads == {key(1): True, key(2): False, key(3): False}
+    w.close()
+
+
+def test_a_cache_without_blocks_first_is_refused() -> None:
+    t = torch.zeros(2, BLOCKS, 4)
+    with pytest.raises(DeviceError, match="blocks first"):
+        block_rows("layer.0", t, BLOCKS)
+    with pytest.raises(DeviceError, match="blocks first"):
+        block_rows("layer.0", torch.zeros(BLOCKS, 4, 4).transpose(1, 2), BLOCKS)
