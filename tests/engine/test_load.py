@@ -28,8 +28,10 @@ async def test_forward_pass_never_reads_a_layer_before_its_copy(plan: object) ->
     try:
         async with rig.engine as engine:
             host = rig.host_prefix("p", counts)
+            # The fake device starts poisoned, so a layer read before its copy landed shows it.
+            # (Poisoning after load() returned would race the copies, which may already have
+            # begun: the engine hands the GIL to the copy worker after layer 0's submission.)
             handle = await engine.load(host)
-            rig.poison(handle.device_pages)  # copies run behind; nothing is there yet
             seen = []
             for layer in range(rig.layers):
                 handle.wait_layer(layer)

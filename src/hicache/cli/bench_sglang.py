@@ -17,7 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hicache.cli._options import positive_option
+from hicache.cli._options import (
+    MAX_PAGE_SIZE,
+    MAX_REPEATS,
+    MAX_STORAGE_PAGES,
+    count_option,
+    positive_option,
+)
 from hicache.domain import ConfigError
 
 KEYS = ("pages", "page_bytes", "hicache", "hicache_file", "corruption_detected")
@@ -34,14 +40,16 @@ def register(sub: Any) -> None:
             "stored byte of each and read it back."
         ),
     )
-    p.add_argument("--pages", type=int, default=64, help="pages per round (default 64)")
-    p.add_argument("--page-size", type=int, default=64, help="tokens per page (default 64)")
-    p.add_argument("--layers", type=int, default=32, help="layers (default 32)")
-    p.add_argument("--heads", type=int, default=8, help="KV heads (default 8)")
-    p.add_argument("--head-dim", type=int, default=64, help="head dim (default 64; bf16)")
+    p.add_argument("--pages", type=int, default=64, help="pages per round")
+    p.add_argument("--page-size", type=int, default=64, help="tokens per page")
+    p.add_argument("--layers", type=int, default=32, help="layers")
+    p.add_argument("--heads", type=int, default=8, help="KV heads")
+    p.add_argument("--head-dim", type=int, default=64, help="head dim (bf16)")
     p.add_argument("--layout", default="page_first_direct", choices=LAYOUTS, help="host layout")
-    p.add_argument("--repeats", type=int, default=5, help="rounds; medians are reported (5)")
-    p.add_argument("--dir", default=None, help="where both backends write (default: temp dir)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds; medians are reported")
+    p.add_argument(
+        "--dir", default=None, help="where both backends write (default: a temporary folder)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -81,13 +89,13 @@ def run(args: argparse.Namespace) -> int:
             withdraw_stand_in()
 
     bench = SglangBench(
-        pages=positive_option("pages", args.pages),
-        page_size=positive_option("page-size", args.page_size),
+        pages=count_option("pages", args.pages, MAX_STORAGE_PAGES),
+        page_size=count_option("page-size", args.page_size, MAX_PAGE_SIZE),
         layers=positive_option("layers", args.layers),
         heads=positive_option("heads", args.heads),
         head_dim=positive_option("head-dim", args.head_dim),
         layout=args.layout,
-        repeats=positive_option("repeats", args.repeats),
+        repeats=count_option("repeats", args.repeats, MAX_REPEATS),
         root=Path(args.dir) if args.dir else None,
     )
     doc = run_sglang_bench(bench)

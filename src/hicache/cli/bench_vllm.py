@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hicache.cli._options import positive_option
+from hicache.cli._options import MAX_REPEATS, count_option
 from hicache.domain import ConfigError
 
 
@@ -29,26 +29,35 @@ def register(sub: Any) -> None:
             "hicache storage hit after a restart, vLLM's ExampleConnector. Needs vLLM."
         ),
     )
-    p.add_argument("--model", default=None, help="a model folder (default: a tiny random Llama)")
-    p.add_argument("--prompt-tokens", type=int, default=4096, help="prompt length (4096)")
-    p.add_argument("--tokens", type=int, default=24, help="greedy tokens compared (24)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs; medians (3)")
-    p.add_argument("--host-gib", type=float, default=1.0, help="host tier GiB (1)")
+    p.add_argument(
+        "--model",
+        dest="model_dir",
+        metavar="DIR",
+        default=None,
+        help="a HuggingFace model folder (config.json and weights); without it a tiny random "
+        "Llama is made in a temporary folder",
+    )
+    p.add_argument("--prompt-tokens", type=int, default=4096, help="prompt length")
+    p.add_argument("--tokens", type=int, default=24, help="greedy tokens compared")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; medians are reported")
+    p.add_argument("--host-gib", type=float, default=1.0, help="host tier GiB")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    prompt = positive_option("prompt-tokens", args.prompt_tokens)
-    tokens = positive_option("tokens", args.tokens)
-    repeats = positive_option("repeats", args.repeats)
+    # vLLM runs the prompts for real: 128K tokens and 4096 generated tokens are far past any
+    # useful run of this bench on a tiny model, and keep a typo from running for hours.
+    prompt = count_option("prompt-tokens", args.prompt_tokens, 1 << 17)
+    tokens = count_option("tokens", args.tokens, 4096)
+    repeats = count_option("repeats", args.repeats, MAX_REPEATS)
     if prompt < 64:
         raise ConfigError(f"--prompt-tokens must be at least 64, got {prompt}")
-    if not args.host_gib > 0:
-        raise ConfigError(f"--host-gib must be a positive number, got {args.host_gib!r}")
-    model = Path(args.model) if args.model else None
+    if not (isinstance(args.host_gib, float) and 0 < args.host_gib <= 1 << 20):
+        raise ConfigError(f"--host-gib must be a number in (0, 1048576], got {args.host_gib!r}")
+    model = Path(args.model_dir) if args.model_dir else None
     if model is not None and not (model / "config.json").is_file():
-        raise ConfigError(f"--model {args.model!r}: expected a folder holding config.json")
+        raise ConfigError(f"--model {args.model_dir!r}: expected a folder holding config.json")
     try:
         from hicache.integrations.vllm.bench import run_bench
     except ImportError as e:  # pragma: no cover - depends on the environment
