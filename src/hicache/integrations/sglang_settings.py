@@ -9,8 +9,9 @@
 - TIER_KEYS: the backend's keys that are hicache configuration keys too (``deadline_s`` is
   ``storage.tier.call_deadline_s``, ...). Their values go through HiCacheConfig (the same
   checks as a hicache config file, source ``hicache_storage_backend_extra_config``); a key the
-  extra config leaves out takes its ``HICACHE_STORAGE_TIER_*`` environment variable, if set,
-  else the backend's default (docs/sglang.md, "Every key").
+  extra config leaves out takes its ``HICACHE_*`` environment variable
+  (``HICACHE_STORAGE_TIER_CALL_DEADLINE_S``, ...), if set, else the backend's default
+  (docs/sglang.md, "Every key").
 
 Key sources: ``backend_name``, ``module_path``, ``class_name``
 (python/sglang/srt/mem_cache/storage/backend_factory.py, ``_create_dynamic_backend``),
