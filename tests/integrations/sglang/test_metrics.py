@@ -141,7 +141,8 @@ def test_metrics_true_registers_in_the_global_registry_until_close(make_backend:
     text = generate_latest(REGISTRY).decode()
     assert value(samples(text), "hicache_integration_lookups_total", source="sglang") == 1
     backend.close()
-    assert "hicache_integration_lookups" not in generate_latest(REGISTRY).decode()
+    after = samples(generate_latest(REGISTRY).decode())
+    assert ("hicache_integration_lookups_total", frozenset({("source", "sglang")})) not in after
 
 
 @pytest.mark.parametrize(
