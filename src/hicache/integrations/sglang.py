@@ -50,6 +50,7 @@ from hicache.engine.logs import get_logger
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
 from hicache.integrations.sglang_keys import page_key, pool_namespace
+from hicache.integrations.sglang_metrics import BackendMetrics
 from hicache.integrations.sglang_pages import PoolPages, tensor_bytes
 from hicache.integrations.sglang_settings import BackendSettings
 
@@ -143,6 +144,21 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             "prefetch_bandwidth": [],
             "backup_bandwidth": [],
         }
+        try:
+            self._exports = BackendMetrics(
+                lambda: {name: p.tier for name, p in list(self._pools.items())},
+                port=self.settings.metrics_port,
+                register_global=self.settings.metrics,
+                tp_rank=int(getattr(storage_config, "tp_rank", 0) or 0),
+            )
+        except BaseException:
+            if given is None:
+                self.store.close()
+            raise
+        # hicache's metrics of this backend (docs/sglang.md, "Metrics"): a HiCacheMetrics a
+        # framework may register itself; ``counters`` is its IntegrationCounters.
+        self.metrics = self._exports.metrics
+        self.counters = self._exports.counters
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = start_blocking_portal()
         self._portal: BlockingPortal | None = self._portal_cm.__enter__()
         self._closed = False
@@ -211,16 +227,20 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     # -- running a tier call from an SGLang thread --------------------------------------------
 
     def _run(
-        self, default: Any, fn: Callable[..., Any], *args: Any, ids: Sequence[int] = ()
-    ) -> Any:
+        self, op: str, default: Any, fn: Callable[..., Any], *args: Any, ids: Sequence[int] = ()
+    ) -> tuple[Any, bool]:
+        """(the tier's answer, True), or (``default``, False) when the backend is closed, a
+        call is still stuck, or this one overran (counted as an error of ``op``)."""
         portal = self._portal
         if self._closed or portal is None:
             self._buffers.drop(ids)
-            return default
+            self.counters.count_error(operation=op, status="closed")
+            return default, False
         if self._stuck:
             self._counts["refused_while_stuck"] += 1
             self._buffers.drop(ids)
-            return default
+            self.counters.count_error(operation=op, status="stuck")
+            return default, False
 
         async def call() -> Any:
             try:
@@ -230,7 +250,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
 
         future = portal.start_task_soon(call)
         try:
-            return future.result(timeout=self.settings.deadline_s + self.settings.grace_s)
+            return future.result(timeout=self.settings.deadline_s + self.settings.grace_s), True
         except concurrent.futures.TimeoutError:
             with self._lock:
                 self._stuck += 1
@@ -241,7 +261,8 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 store=self.store.name,
                 waited_s=self.settings.deadline_s + self.settings.grace_s,
             )
-            return default
+            self.counters.count_error(operation=op, status="timeout")
+            return default, False
 
     def _deadline(self) -> float:
         # One SGLang call (up to 128 pages) gets deadline_s in all; each store call inside it
@@ -269,8 +290,16 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         start = time.perf_counter()
         read = functools.partial(pool.tier.read, deadline=self._deadline())
         args = ([page_key(k) for k in keys], {pool.tier.pools[0]: ids})
-        ok: list[bool] = self._run([False] * len(keys), read, *args, ids=ids) if keys else []
-        self._note("prefetch", pool, sum(ok), time.perf_counter() - start)
+        if not keys:
+            return []
+        ok: list[bool]
+        ok, answered = self._run("get", [False] * len(keys), read, *args, ids=ids)
+        seconds = time.perf_counter() - start
+        self._note("prefetch", pool, sum(ok), seconds)
+        got = sum(ok)
+        self.counters.count_load(
+            pages=got, nbytes=got * pool.pages.flat_nbytes, seconds=seconds, ok=answered
+        )
         return ok
 
     def _write(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
@@ -282,8 +311,19 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         start = time.perf_counter()
         write = functools.partial(pool.tier.write, deadline=self._deadline())
         args = ([page_key(k) for k in keys], {pool.tier.pools[0]: ids})
-        ok: list[bool] = self._run([False] * len(keys), write, *args, ids=ids) if keys else []
-        self._note("backup", pool, sum(ok), time.perf_counter() - start)
+        if not keys:
+            return []
+        ok: list[bool]
+        ok, answered = self._run("set", [False] * len(keys), write, *args, ids=ids)
+        seconds = time.perf_counter() - start
+        self._note("backup", pool, sum(ok), seconds)
+        put = sum(ok)
+        self.counters.count_save(
+            pages=put,
+            nbytes=put * pool.pages.flat_nbytes,
+            seconds=seconds,
+            ok=answered and put == len(keys),
+        )
         return ok
 
     def _note(self, kind: str, pool: _Pool, pages: int, seconds: float) -> None:
@@ -397,14 +437,21 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         if not keys:
             return 0
         pool = self.pool("kv")
-        found: int = self._run(0, pool.tier.exists, [page_key(k) for k in keys])
+        found: int
+        found, _ = self._run("exists", 0, pool.tier.exists, [page_key(k) for k in keys])
+        self._count_lookup(pool, len(keys), found)
         return found
+
+    def _count_lookup(self, pool: _Pool, pages: int, hit_pages: int) -> None:
+        ps = pool.pages.page_size
+        self.counters.count_lookup(tokens=pages * ps, hit_tokens={"storage": hit_pages * ps})
 
     def _exists_each(self, pool: _Pool, keys: Sequence[str]) -> list[bool]:
         if not keys:
             return []
-        found: list[bool] = self._run(
-            [False] * len(keys), pool.tier.exists_each, [page_key(k) for k in keys]
+        found: list[bool]
+        found, _ = self._run(
+            "exists", [False] * len(keys), pool.tier.exists_each, [page_key(k) for k in keys]
         )
         return found
 
@@ -442,7 +489,9 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             if boundary:
                 hits[name] = boundary
             restorable = [n for n in restorable if n in allowed]
-        return PoolTransferResult(restorable[-1] if restorable else 0, hits, restorable)
+        usable = restorable[-1] if restorable else 0
+        self._count_lookup(self.pool("kv"), len(keys), usable)
+        return PoolTransferResult(usable, hits, restorable)
 
     def _v2(self, transfers: list[PoolTransfer], op: str) -> dict[str, list[bool]]:
         out: dict[str, list[bool]] = {}
@@ -461,6 +510,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                     expected=expected,
                     got=None if indices is None else int(indices.numel()),
                 )
+                self.counters.count_error(operation=op, status="bad_host_indices")
                 out[transfer.name] = [False] * len(keys)
                 continue
             tokens = self._tokens(pool, len(keys), indices)
@@ -525,4 +575,5 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             if cm is not None:
                 cm.__exit__(None, None, None)
         finally:
+            self._exports.close()
             self.store.close()

@@ -4,6 +4,7 @@ read at scrape time (docs/metrics.md).
 - HiCacheMetrics: the sources one exporter serves (``add_cache``, ``add_source``, ``remove``).
 - IntegrationCounters: the counters a serving-framework integration feeds (lookups and hits per
   tier, loads, saves, errors).
+- StorageTierSource: the storage tiers no HiCache face owns (an integration's).
 - MetricsSource / Family / FamilyBuilder: how a source of one's own writes its figures.
 
 This package needs nothing beyond hicache's own dependencies. Prometheus (the optional extra
@@ -17,6 +18,7 @@ from hicache.metrics.families import (
     FamilyBuilder,
     HiCacheMetrics,
     MetricsSource,
+    StorageTierSource,
 )
 from hicache.metrics.integration import IntegrationCounters, IntegrationStatistics
 
@@ -28,4 +30,5 @@ __all__ = [
     "IntegrationCounters",
     "IntegrationStatistics",
     "MetricsSource",
+    "StorageTierSource",
 ]

@@ -21,7 +21,7 @@ into Prometheus's; it is the only module that imports prometheus_client.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
@@ -33,6 +33,7 @@ from hicache.engine.histogram import HistogramSnapshot
 
 if TYPE_CHECKING:
     from hicache.engine.cache import HiCache
+    from hicache.engine.cache_storage import TierPort
     from hicache.engine.cache_sync import SyncCache
 
 KINDS = ("counter", "gauge", "histogram")
@@ -210,40 +211,46 @@ class CacheSource:
         storage = self.cache.storage
         if storage is None:
             return
-        for pool, tier in storage.tiers.items():
-            st = tier.statistics()
-            store = getattr(getattr(tier, "store", None), "name", "store")
-            lab = {"pool": pool.value, "store": str(store)}
-            for op, ok, bad in (
-                ("read", st.pages_read_ok, st.pages_read_failed),
-                ("write", st.pages_written_ok, st.pages_written_failed),
-            ):
-                for outcome, n in (("ok", ok), ("failed", bad)):
-                    f.add("hicache_store_pages", "counter", "pages the storage tier read or "
-                          "wrote, by outcome", n, **lab, operation=op, outcome=outcome)
-            for op, n in (("read", st.bytes_read), ("write", st.bytes_written)):
-                f.add("hicache_store_bytes", "counter", "bytes the storage tier read or wrote",
-                      n, **lab, operation=op)
-            for op, n in sorted(st.calls.items()):
-                f.add("hicache_store_calls", "counter", "store calls made, by operation", n,
-                      **lab, operation=op)
-            f.add("hicache_store_failed_calls", "counter", "store calls that raised or answered "
-                  "transient/fatal for some key", st.failed_calls, **lab)
-            f.add("hicache_store_refused_calls", "counter", "store calls the open breaker "
-                  "refused", st.refused_calls, **lab)
-            for status, n in sorted(st.statuses.items()):
-                f.add("hicache_store_errors", "counter", "non-OK key statuses the store "
-                      "answered (get and put), by status", n, **lab, status=status)
-            f.add("hicache_store_writes_dropped", "counter", "background writes refused: queue "
-                  "full", st.writes_dropped, **lab)
-            f.add("hicache_store_writes_pending", "gauge", "background writes queued or running",
-                  st.writes_pending, **lab)
-            f.add("hicache_store_seconds", "counter", "wall time inside store calls (summed "
-                  "over threads)", st.store_seconds, **lab)
-            state = st.breaker.state.value
-            for s in BREAKER_STATES:
-                f.add("hicache_breaker_state", "gauge", "the storage tier's circuit breaker: 1 "
-                      "for its current state", int(s == state), **lab, state=s)
+        storage_tier_families(f, {pool.value: tier for pool, tier in storage.tiers.items()})
+
+
+def storage_tier_families(f: FamilyBuilder, tiers: Mapping[str, TierPort]) -> None:
+    """The ``hicache_store_*`` and ``hicache_breaker_state`` families of storage tiers, by pool
+    name (label ``pool``) and their store's name (label ``store``)."""
+    for pool, tier in tiers.items():
+        st = tier.statistics()
+        store = getattr(getattr(tier, "store", None), "name", "store")
+        lab = {"pool": pool, "store": str(store)}
+        for op, ok, bad in (
+            ("read", st.pages_read_ok, st.pages_read_failed),
+            ("write", st.pages_written_ok, st.pages_written_failed),
+        ):
+            for outcome, n in (("ok", ok), ("failed", bad)):
+                f.add("hicache_store_pages", "counter", "pages the storage tier read or "
+                      "wrote, by outcome", n, **lab, operation=op, outcome=outcome)
+        for op, n in (("read", st.bytes_read), ("write", st.bytes_written)):
+            f.add("hicache_store_bytes", "counter", "bytes the storage tier read or wrote",
+                  n, **lab, operation=op)
+        for op, n in sorted(st.calls.items()):
+            f.add("hicache_store_calls", "counter", "store calls made, by operation", n,
+                  **lab, operation=op)
+        f.add("hicache_store_failed_calls", "counter", "store calls that raised or answered "
+              "transient/fatal for some key", st.failed_calls, **lab)
+        f.add("hicache_store_refused_calls", "counter", "store calls the open breaker "
+              "refused", st.refused_calls, **lab)
+        for status, n in sorted(st.statuses.items()):
+            f.add("hicache_store_errors", "counter", "non-OK key statuses the store "
+                  "answered (get and put), by status", n, **lab, status=status)
+        f.add("hicache_store_writes_dropped", "counter", "background writes refused: queue "
+              "full", st.writes_dropped, **lab)
+        f.add("hicache_store_writes_pending", "gauge", "background writes queued or running",
+              st.writes_pending, **lab)
+        f.add("hicache_store_seconds", "counter", "wall time inside store calls (summed "
+              "over threads)", st.store_seconds, **lab)
+        state = st.breaker.state.value
+        for s in BREAKER_STATES:
+            f.add("hicache_breaker_state", "gauge", "the storage tier's circuit breaker: 1 "
+                  "for its current state", int(s == state), **lab, state=s)
 
 
 _DIRECTION = {
@@ -257,6 +264,24 @@ _DIRECTION = {
 def _check_label(arg: str, value: object) -> None:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{arg} must be a non-empty string (a label value), got {value!r}")
+
+
+class StorageTierSource:
+    """The families of storage tiers that no HiCache face owns (an integration's, e.g. one
+    per SGLang pool), label ``cache``; ``tiers`` is read at each scrape."""
+
+    def __init__(self, tiers: Callable[[], Mapping[str, TierPort]], *, name: str) -> None:
+        _check_label("name", name)
+        self._tiers = tiers
+        self.name = name
+
+    def metric_families(self) -> list[Family]:
+        f = FamilyBuilder({"cache": self.name})
+        storage_tier_families(f, self._tiers())
+        return f.build()
+
+    def __repr__(self) -> str:
+        return f"<StorageTierSource {self.name!r}>"
 
 
 class HiCacheMetrics:
@@ -336,5 +361,7 @@ __all__ = [
     "FamilyBuilder",
     "HiCacheMetrics",
     "MetricsSource",
+    "StorageTierSource",
     "Value",
+    "storage_tier_families",
 ]

@@ -12,6 +12,7 @@ without prometheus-client.
 - serve(metrics, port, addr="127.0.0.1", registry=None): an HTTP endpoint of its own (a daemon
   thread, prometheus_client.start_http_server); port 0 picks a free one. Returns a
   MetricsServer (``port``, ``url``, ``close()``).
+- unregister(collector, registry=None): undoes ``register``.
 - exposition(metrics): the text format of one scrape (what a file or a test reads).
 
 See docs/metrics.md.
@@ -133,6 +134,23 @@ def register(metrics: HiCacheMetrics, registry: CollectorRegistry | None = None)
     return collector
 
 
+def unregister(collector: Collector, registry: CollectorRegistry | None = None) -> None:
+    """Undo ``register``: take ``collector`` (what it returned) out of ``registry`` (default the
+    global REGISTRY); a collector the registry does not hold is a ConfigError."""
+    target = _registry(registry)
+    try:
+        target.unregister(collector)
+    except KeyError as exc:
+        raise ConfigError("unregister: the registry does not hold this collector") from exc
+    metrics = getattr(collector, "metrics", None)
+    with _lock:
+        held = _registered.get(target, [])
+        for i, m in enumerate(held):
+            if m is metrics:
+                del held[i]
+                break
+
+
 class MetricsServer:
     """An HTTP endpoint serving one registry's scrape at ``url``; ``close()`` stops it."""
 
@@ -204,4 +222,5 @@ __all__ = [
     "exposition",
     "register",
     "serve",
+    "unregister",
 ]
