@@ -158,7 +158,7 @@ class WorkerTransfers:
                 events.append(Event(Op.STORE, save.key, False))
         if plan.saves:
             self.stats.save(
-                pages=len(plan.saves),
+                pages=0 if failed_save else len(plan.saves),
                 nbytes=0 if failed_save else self.page_bytes * len(plan.saves),
                 seconds=time.perf_counter() - self._t_save,
                 ok=not failed_save,
@@ -181,7 +181,7 @@ class WorkerTransfers:
         if n:
             self.stats.add("load_bytes" if ok else "load_errors", self.page_bytes * n if ok else n)
             self.stats.load(
-                pages=n,
+                pages=n if ok else 0,
                 nbytes=self.page_bytes * n if ok else 0,
                 seconds=time.perf_counter() - self._t_load,
                 ok=ok,
@@ -283,7 +283,7 @@ class WorkerTransfers:
         seconds = time.perf_counter() - t0
         self.stats.add("load_s", seconds)
         self.stats.load(
-            pages=len(op.keys),
+            pages=good,
             nbytes=good * self.page_bytes,
             seconds=seconds,
             ok=good == len(op.keys),
