@@ -150,9 +150,10 @@ class SchedulerSide:
         looked = self._looked.pop(req_id, None)
         if looked is not None:
             tokens, device = looked
+            restored = (host + storage) * self.block_size
             self.stats.lookup(
                 tokens=tokens,
-                device=device,
+                device=min(device, tokens - restored),  # vLLM's hit is whole blocks: no-op
                 host=host * self.block_size,
                 storage=storage * self.block_size,
             )
