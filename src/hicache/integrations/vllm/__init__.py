@@ -4,8 +4,8 @@
   with ``"kv_connector": "HiCacheConnector"`` and
   ``"kv_connector_module_path": "hicache.integrations.vllm"``. Importing it imports vLLM.
 - ConnectorSettings (settings), HostIndex (host_index), SchedulerSide (scheduler),
-  WorkerTransfers (worker), StepPlan and the per-page events (plan), ConnectorStats (stats):
-  the parts, importable without vLLM.
+  WorkerTransfers (worker), StepPlan and the per-page events (plan), ConnectorStats (stats),
+  the process's hicache metrics (exporter): the parts, importable without vLLM.
 
 ``HiCacheConnector`` is resolved on first access (PEP 562), so the vLLM-free parts import
 without vLLM installed.

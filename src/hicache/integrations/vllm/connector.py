@@ -35,6 +35,7 @@ from hicache.bootstrap.storage import open_store
 from hicache.domain import ConfigError
 from hicache.domain.keys import page_hex
 from hicache.domain.storage import Store, StoreKey
+from hicache.integrations.vllm.exporter import export, process_counters
 from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.settings import ConnectorSettings
@@ -166,7 +167,7 @@ class HiCacheConnector(KVConnectorBase_V1):
             (model.model, str(model.dtype), self.block_size, self.layout, par.tensor_parallel_size)
         )
         self.namespace = "vllm-" + hashlib.sha256(ident.encode()).hexdigest()[:32]
-        self.stats = ConnectorStats()
+        self.stats = ConnectorStats(process_counters())  # hicache's metrics: one per process
         storage = self.settings.storage()
         self.store: Store | None = open_store(storage) if storage is not None else None
         self._sched: SchedulerSide | None = None
@@ -183,6 +184,7 @@ class HiCacheConnector(KVConnectorBase_V1):
                 ranks=self.ranks,
                 stats=self.stats,
             )
+            export(self.settings, 0)
 
     # ---- store keys ------------------------------------------------------------------------
 
@@ -210,6 +212,7 @@ class HiCacheConnector(KVConnectorBase_V1):
                 )
             layers.append((name, rows))
         rank = get_tensor_model_parallel_rank()
+        export(self.settings, 1 + rank)
         self._worker = WorkerTransfers(
             layers,
             host_bytes=self.host_slots * self.page_bytes,

@@ -83,6 +83,7 @@ class SchedulerSide:
         # (vLLM reschedules the request at once; offering the same pages would loop).
         self._bad: set[bytes] = set()
         self._hit_tokens = [0, 0]  # host, storage: since the last plan
+        self._looked: dict[str, tuple[int, int]] = {}  # req_id -> (prompt tokens, vLLM's hit)
 
     # ---- keys ------------------------------------------------------------------------------
 
@@ -106,6 +107,7 @@ class SchedulerSide:
         limit = (len(prompt) - 1) // bs  # at least one token stays for vLLM to compute
         start = num_computed // bs
         self._hits.pop(req_id, None)
+        self._looked[req_id] = (len(prompt), min(num_computed, len(prompt)))
         if req_id not in self._reqs:  # saved later even when nothing is hit now
             self._reqs[req_id] = _Request(len(prompt))
         if limit <= start:
@@ -126,7 +128,8 @@ class SchedulerSide:
                 ask = [k for key in keys[i : i + run] for k in self.store_keys(key)]
                 try:
                     there = self.store.exists(ask)
-                except Exception:
+                except Exception as exc:
+                    self.stats.error("exists", type(exc).__name__)
                     there = [False] * len(ask)
                 per = len(ask) // run
                 for j in range(run):
@@ -141,9 +144,24 @@ class SchedulerSide:
         return (end - start) * bs, end > max(host, start)
 
     def after_alloc(self, req_id: str, block_ids: Sequence[int], num_external: int) -> None:
+        """vLLM allocated the request's blocks (``num_external``: the tokens it accepted from
+        match); counts the request's lookup once, with what hicache really restores."""
+        host, storage = self._alloc(req_id, block_ids, num_external)
+        looked = self._looked.pop(req_id, None)
+        if looked is not None:
+            tokens, device = looked
+            restored = (host + storage) * self.block_size
+            self.stats.lookup(
+                tokens=tokens,
+                device=min(device, tokens - restored),  # vLLM's hit is whole blocks: no-op
+                host=host * self.block_size,
+                storage=storage * self.block_size,
+            )
+
+    def _alloc(self, req_id: str, block_ids: Sequence[int], num_external: int) -> tuple[int, int]:
         hit = self._hits.pop(req_id, None)
         if num_external <= 0 or hit is None:
-            return
+            return 0, 0
         n = num_external // self.block_size
         end = min(hit.start + n, hit.end)
         keys = self._reqs[req_id].keys
@@ -175,6 +193,7 @@ class SchedulerSide:
         self._hit_tokens[0] += host_blocks * self.block_size
         self._hit_tokens[1] += (len(picked) - host_blocks) * self.block_size
         (self._async if hit.end > hit.host else self._loads).append(op)
+        return host_blocks, len(picked) - host_blocks
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -210,6 +229,7 @@ class SchedulerSide:
                 slot = self.index.reserve(key, pins=pins)
                 if slot is None:  # every host page is pinned: this block is not saved
                     self.stats.add("save_errors", 1)
+                    self.stats.error("save", "host_full")
                     continue
                 plan.saves.append(SaveOp(s.req_id, key, slot, blocks[b], self.write_storage))
             st.saved_upto = full
@@ -234,3 +254,4 @@ class SchedulerSide:
     def finished(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)
         self._hits.pop(req_id, None)
+        self._looked.pop(req_id, None)

@@ -1,19 +1,27 @@
 """The connector's settings: ``kv_connector_extra_config`` parsed and checked at start.
 
-- ConnectorSettings: host tier size, storage backend and its config, write policy, decode saves.
-- ConnectorSettings.from_extra_config: a mapping (vLLM's extra config) to settings; an unknown
-  key or a bad value is one ConfigError naming the key, the value and what was expected.
+- ConnectorSettings: host tier size, storage backend and its config, write policy, decode
+  saves, and how hicache's metrics are exported (metrics_port, metrics).
+- ConnectorSettings.from_extra_config(config, env=None): a mapping (vLLM's extra config) to
+  settings; an unknown key or a bad value is one ConfigError naming the key, the value and what
+  was expected. The keys that overlap hicache's configuration (host_gib, storage_backend,
+  storage_path, storage_extra_config) are then checked again through HiCacheConfig, labelled
+  ``kv_connector_extra_config``, on top of the operator's ``$HICACHE_CONFIG`` file and
+  ``HICACHE_*`` variables, which fill in what the extra config leaves out
+  (docs/vllm.md, "Configuration").
 
 Torch- and vLLM-free, so a bad config is refused before any memory is touched.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
+from hicache.bootstrap.hicache_config import HiCacheConfig
 from hicache.domain import ConfigError, StorageSettings
 
 BACKENDS = ("directory", "mooncake", "dynamic")
@@ -25,7 +33,12 @@ KEYS = (
     "storage_extra_config",
     "write_policy",
     "save_decode",
+    "metrics_port",
+    "metrics",
 )
+SOURCE = "kv_connector_extra_config"
+METRICS_MODES = ("off", "register")
+_GIB = 1 << 30
 
 
 @attrs.frozen(kw_only=True)
@@ -38,6 +51,8 @@ class ConnectorSettings:
     storage_extra_config: Mapping[str, Any] = attrs.field(factory=dict)
     write_policy: str = "write_through"
     save_decode: bool = True
+    metrics_port: int | None = None  # serve hicache's metrics: scheduler here, rank r at +1+r
+    metrics: str = "off"  # "register": into prometheus_client's global REGISTRY
 
     @property
     def host_bytes(self) -> int:
@@ -57,7 +72,11 @@ class ConnectorSettings:
         return StorageSettings(backend=self.storage_backend, extra_config=extra)
 
     @classmethod
-    def from_extra_config(cls, config: Mapping[str, Any] | None) -> ConnectorSettings:
+    def from_extra_config(
+        cls, config: Mapping[str, Any] | None, env: Mapping[str, str] | None = None
+    ) -> ConnectorSettings:
+        """Settings from vLLM's extra config, then hicache's file and environment (``env``,
+        default os.environ; ``{}`` reads neither) for the overlapping keys it leaves out."""
         config = dict(config or {})
         unknown = sorted(set(config) - set(KEYS))
         if unknown:
@@ -121,7 +140,66 @@ class ConnectorSettings:
                 f"kv_connector_extra_config 'save_decode' = {decode!r}: expected true or false"
             )
         out["save_decode"] = decode
+        port = config.get("metrics_port")
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+        ):
+            raise ConfigError(
+                f"kv_connector_extra_config 'metrics_port' = {port!r}: expected a port in "
+                "1..65535 (the scheduler's; worker rank r serves port + 1 + r) or null"
+            )
+        out["metrics_port"] = port
+        mode = config.get("metrics", "off")
+        if mode not in METRICS_MODES:
+            raise ConfigError(
+                f"kv_connector_extra_config 'metrics' = {mode!r}: expected one of "
+                f"{', '.join(METRICS_MODES)}"
+            )
+        out["metrics"] = mode
+        _layer_hicache_config(config, out, os.environ if env is None else env)
         settings = cls(**out)
         if settings.storage_backend is not None:
             settings.storage()  # hicache's own checks of the backend and its extra config
         return settings
+
+
+def _layer_hicache_config(
+    config: Mapping[str, Any], out: dict[str, Any], env: Mapping[str, str]
+) -> None:
+    """Check the overlapping keys through HiCacheConfig and fill ``out`` from the operator's
+    file and environment where the extra config says nothing (the extra config wins)."""
+    given: dict[str, Any] = {}
+    if "host_gib" in config:
+        given["plan.host_size"] = int(out["host_gib"] * _GIB)
+    if "storage_backend" in config:  # the storage section comes whole from one place
+        given["storage.backend"] = out["storage_backend"]
+        extra = dict(out["storage_extra_config"])
+        if out["storage_backend"] == "directory":
+            extra["root"] = out["storage_path"]
+        given["storage.extra_config"] = extra
+    hc = HiCacheConfig.load(env=env).with_values(given, source=SOURCE)
+    if "host_gib" not in config and hc.value("plan.host_size") is not None:
+        out["host_gib"] = hc.value("plan.host_size") / _GIB
+    if "storage_backend" in config:
+        return
+    backend = hc.value("storage.backend")
+    if backend is None:
+        return
+    where = hc.source("storage.backend")
+    if backend not in BACKENDS:
+        raise ConfigError(
+            f"storage.backend = {backend!r} from {where}: HiCacheConnector supports "
+            f"{', '.join(BACKENDS)} (or set 'storage_backend' in {SOURCE})"
+        )
+    extra = dict(hc.value("storage.extra_config"))
+    out["storage_backend"] = backend
+    if backend == "directory":
+        root = extra.pop("root", None)
+        if not isinstance(root, str) or not root.strip():
+            raise ConfigError(
+                f"storage.extra_config = {hc.value('storage.extra_config')!r} from "
+                f"{hc.source('storage.extra_config')}: the directory store needs a 'root' "
+                f"(storage.backend = 'directory' from {where})"
+            )
+        out["storage_path"] = root
+    out["storage_extra_config"] = extra

@@ -5,12 +5,18 @@
   hit_tokens_storage, load_bytes, load_s, load_errors, save_bytes, save_s, save_errors,
   store_bytes, store_s, store_errors, read_bytes, read_errors.
 
+- ``lookup`` / ``load`` / ``save`` / ``error``: the same events for hicache's own metrics, an
+  IntegrationCounters (source ``vllm``; hicache.metrics.integration) the connector's process
+  shares (hicache.integrations.vllm.exporter serves or registers it).
+
 vLLM-free, so the same dict can feed vLLM's KVConnectorStats and hicache's own metrics.
 """
 
 from __future__ import annotations
 
 import threading
+
+from hicache.metrics.integration import IntegrationCounters
 
 NAMES = (
     "hit_tokens_host",
@@ -30,9 +36,31 @@ NAMES = (
 
 
 class ConnectorStats:
-    def __init__(self) -> None:
+    def __init__(self, counters: IntegrationCounters | None = None) -> None:
         self._lock = threading.Lock()
         self._data: dict[str, float] = dict.fromkeys(NAMES, 0)
+        self.counters = IntegrationCounters("vllm") if counters is None else counters
+
+    # ---- hicache's metrics (IntegrationCounters) -------------------------------------------
+
+    def lookup(self, *, tokens: int, device: int, host: int, storage: int) -> None:
+        """One request's lookup: ``tokens`` of prompt, vLLM's own hit (device) and what
+        hicache's host and storage tiers restore beyond it."""
+        self.counters.count_lookup(
+            tokens=tokens, hit_tokens={"device": device, "host": host, "storage": storage}
+        )
+
+    def load(self, *, pages: int, nbytes: int, seconds: float, ok: bool) -> None:
+        self.counters.count_load(pages=pages, nbytes=nbytes, seconds=seconds, ok=ok)
+
+    def save(self, *, pages: int, nbytes: int, seconds: float, ok: bool) -> None:
+        self.counters.count_save(pages=pages, nbytes=nbytes, seconds=seconds, ok=ok)
+
+    def error(self, operation: str, status: str, times: int = 1) -> None:
+        for _ in range(times):
+            self.counters.count_error(operation=operation, status=status)
+
+    # ---- vLLM's KVConnectorStats (a dict of numbers) --------------------------------------
 
     def add(self, name: str, amount: float) -> None:
         if not amount:

@@ -86,6 +86,8 @@ class WorkerTransfers:
         self._load_futs: dict[str, Future[None]] = {}
         self._save_futs: dict[str, Future[None]] = {}
         self._pending_io: list[Future[None]] = []
+        self._t_load = 0.0  # when this step's synchronous loads started
+        self._t_save = 0.0  # when this step's first save copy started
 
     @property
     def slots(self) -> int:
@@ -113,6 +115,7 @@ class WorkerTransfers:
         plan = self._plan
         loads = [op for op in plan.loads if op.keys]
         if loads:
+            self._t_load = time.perf_counter()
             slots = torch.tensor([s for op in loads for s in op.slots], dtype=torch.long)
             blocks = torch.tensor([b for op in loads for b in op.blocks], dtype=torch.long)
             for name in self.names:
@@ -129,6 +132,8 @@ class WorkerTransfers:
     def save_layer(self, name: str) -> None:
         """vLLM computed layer ``name`` for this step: copy its saved blocks now."""
         if self._plan.saves and name in self.rows and name not in self._save_futs:
+            if not self._save_futs:
+                self._t_save = time.perf_counter()
             self._save_futs[name] = self._copy.submit(self._save_rows, name, self._plan.saves)
 
     def finish_step(self) -> None:
@@ -140,6 +145,10 @@ class WorkerTransfers:
         t0 = time.perf_counter()
         failed_save = any(f.exception() is not None for f in self._save_futs.values())
         failed_load = [f.exception() for f in self._load_futs.values()]
+        for exc in {type(e).__name__ for e in failed_load if e is not None}:
+            self.stats.error("load", exc)
+        for exc in {type(e).__name__ for f in self._save_futs.values() if (e := f.exception())}:
+            self.stats.error("save", exc)
         events: list[Event] = []
         if plan.saves:
             self.stats.add("save_s", time.perf_counter() - t0)
@@ -147,6 +156,13 @@ class WorkerTransfers:
             events.append(Event(Op.SAVE, save.key, not failed_save, self.page_bytes))
             if save.store and (failed_save or self.store is None):
                 events.append(Event(Op.STORE, save.key, False))
+        if plan.saves:
+            self.stats.save(
+                pages=0 if failed_save else len(plan.saves),
+                nbytes=0 if failed_save else self.page_bytes * len(plan.saves),
+                seconds=time.perf_counter() - self._t_save,
+                ok=not failed_save,
+            )
         if plan.saves and not failed_save:
             self.stats.add("save_bytes", self.page_bytes * len(plan.saves))
             stored = [op for op in plan.saves if op.store]
@@ -164,6 +180,12 @@ class WorkerTransfers:
         n = sum(len(op.keys) for op in plan.loads)
         if n:
             self.stats.add("load_bytes" if ok else "load_errors", self.page_bytes * n if ok else n)
+            self.stats.load(
+                pages=n if ok else 0,
+                nbytes=self.page_bytes * n if ok else 0,
+                seconds=time.perf_counter() - self._t_load,
+                ok=ok,
+            )
         with self._lock:
             self._events.extend(events)
             self._errors |= errors
@@ -203,8 +225,13 @@ class WorkerTransfers:
             statuses = self.store.put(
                 [self.store_key(op.key) for op in saves], [self._page(op.slot) for op in saves]
             )
-        except Exception:  # a store that raises: its pages are simply not stored
+        except Exception as exc:  # a store that raises: its pages are simply not stored
             statuses = [StoreStatus.FATAL] * len(saves)
+            self.stats.error("put", type(exc).__name__)
+        else:
+            for s in statuses:
+                if not s.ok:
+                    self.stats.error("put", s.value)
         good = sum(1 for s in statuses if s.ok)
         self.stats.add("store_s", time.perf_counter() - t0)
         self.stats.add("store_bytes", good * self.page_bytes)
@@ -227,8 +254,12 @@ class WorkerTransfers:
                     [self._page(op.slots[i]) for i in reads],
                 )
                 status = {i: s.ok for i, s in zip(reads, got, strict=True)}
-            except Exception:
+                for s in got:
+                    if not s.ok:
+                        self.stats.error("get", s.value)
+            except Exception as exc:
                 status = dict.fromkeys(reads, False)
+                self.stats.error("get", type(exc).__name__)
         good = 0
         while good < len(op.keys) and status.get(good, True):
             good += 1
@@ -244,11 +275,19 @@ class WorkerTransfers:
                     off, size = self.offsets[name]
                     rows = self.host.narrow(1, off, size).index_select(0, slots)
                     self.rows[name].index_copy_(0, blocks, rows)
-            except Exception:
+            except Exception as exc:
                 good, copied = 0, False
+                self.stats.error("load", type(exc).__name__)
         self.stats.add("load_bytes", good * self.page_bytes)
         self.stats.add("load_errors", len(op.keys) - good)
-        self.stats.add("load_s", time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.stats.add("load_s", seconds)
+        self.stats.load(
+            pages=good,
+            nbytes=good * self.page_bytes,
+            seconds=seconds,
+            ok=good == len(op.keys),
+        )
         events = [Event(Op.READ, op.keys[i], ok, self.page_bytes) for i, ok in status.items()]
         # LOAD ends each slot's pin; it fails only where a copy failed (a page after a failed
         # read is fine on host, just not loaded: the READ events say which pages are broken).
