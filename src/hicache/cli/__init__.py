@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hicache.cli._logs import QuietLogs
 from hicache.domain import HiCacheError
 
 EXIT_OK = 0
@@ -79,7 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        status: int = args.handler(args)
+        # Every command is an application: structlog to stderr at warning level for its run, so
+        # stdout holds only the command's own output (one JSON document with --json).
+        with QuietLogs():
+            status: int = args.handler(args)
     except HiCacheError as e:
         sys.stderr.write(f"hicache: error: {_one_line(e)}\n")
         return EXIT_USAGE if isinstance(e, ValueError) else EXIT_RUNTIME
