@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 from pathlib import Path
 
-from hicache.adapters.copy.native import NativeBuildError, _build, _cache_dir, _compiler
+from hicache.adapters.copy.native import NativeBuildError, load_helper
 from hicache.domain.keys import KEY_BYTES, set_chain_hasher
 
 KEYS_ABI = 1
@@ -224,38 +223,20 @@ class NativeKeys:
         return "native-sha-ni" if self.accelerated else "native-portable"
 
 
-_lock = threading.Lock()
-_loaded: dict[tuple[str, str], NativeKeys] = {}
-
-
 def load_native_keys(
     *, compiler: str | None = None, cache_dir: str | Path | None = None
 ) -> NativeKeys:
     """The native key helper, built if needed; NativeBuildError says why not."""
-    cc = compiler or _compiler()
-    directory = Path(cache_dir).expanduser() if cache_dir is not None else _cache_dir()
-    key = (cc, str(directory))
-    with _lock:
-        lib = _loaded.get(key)
-        if lib is None:
-            path = _build(
-                cc,
-                directory,
-                source=KEYS_SOURCE,
-                stem="keys",
-                abi=KEYS_ABI,
-                what="the native page-key helper",
-                fallback="keep the Python page keys (same keys, slower at small page sizes)",
-            )
-            try:
-                lib = NativeKeys(path)
-            except OSError as e:
-                raise NativeBuildError(
-                    f"cannot load the native page-key helper {str(path)!r}: {e} (remove it to "
-                    f"rebuild)"
-                ) from e
-            _loaded[key] = lib
-        return lib
+    return load_helper(
+        NativeKeys,
+        source=KEYS_SOURCE,
+        stem="keys",
+        abi=KEYS_ABI,
+        what="the native page-key helper",
+        fallback="keep the Python page keys (same keys, slower at small page sizes)",
+        compiler=compiler,
+        cache_dir=cache_dir,
+    )
 
 
 def install_native_keys() -> tuple[bool, str]:

@@ -2,7 +2,8 @@
 
 - NATIVE_SOURCE: the C source (kept here, so a wheel or a fresh clone needs nothing else).
 - NativeLibrary: the loaded library; ``copy(...)`` runs one batch of copies with the GIL released.
-- load_native: build (once per source, compiler and platform, into a cache folder) and load it;
+- load_helper: build one native helper (this one, the page keys', the storage I/O's) into the
+  cache folder once and load it; load_native: build (once per source, compiler and platform, into a cache folder) and load it;
   raises NativeBuildError, naming the compiler and its output, when that is impossible.
 - native_status: (available, reason) without raising, for reports.
 - MemcpyBackend ("memcpy"): the CPU backend on top of it.
@@ -35,8 +36,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar, cast
 
 from hicache.adapters.copy.base import Backend
 from hicache.adapters.copy.pairs import I64, PageSet, PoolPair, layer_addresses
@@ -356,29 +358,61 @@ def _build(
 
 
 _lock = threading.Lock()
-_loaded: dict[tuple[str, str], NativeLibrary] = {}
+_loaded: dict[tuple[str, str, str], object] = {}
+
+T = TypeVar("T")
+
+
+def load_helper(
+    wrap: Callable[[Path], T],
+    *,
+    source: str,
+    stem: str,
+    abi: int,
+    what: str,
+    fallback: str,
+    compiler: str | None = None,
+    cache_dir: str | Path | None = None,
+    memo: bool = True,
+) -> T:
+    """Build one native helper (once per source, compiler and platform, into the cache folder:
+    $HICACHE_NATIVE_DIR, else the XDG cache) and ``wrap`` the library's path; loaded once per
+    (helper, compiler, folder) unless ``memo`` is off. NativeBuildError says why not, ending
+    with ``fallback`` (what the caller does without it)."""
+    cc = compiler or _compiler()
+    directory = Path(cache_dir).expanduser() if cache_dir is not None else _cache_dir()
+    key = (stem, cc, str(directory))
+    with _lock:
+        if memo and key in _loaded:
+            return cast(T, _loaded[key])
+        path = _build(
+            cc, directory, source=source, stem=stem, abi=abi, what=what, fallback=fallback
+        )
+        try:
+            lib = wrap(path)
+        except OSError as e:
+            raise NativeBuildError(
+                f"cannot load {what} {str(path)!r}: {e} (remove it to rebuild, or {fallback})"
+            ) from e
+        if memo:
+            _loaded[key] = lib
+        return lib
 
 
 def load_native(
     *, compiler: str | None = None, cache_dir: str | Path | None = None
 ) -> NativeLibrary:
     """The native helper, built if needed; raises NativeBuildError saying why not."""
-    cc = compiler or _compiler()
-    directory = Path(cache_dir).expanduser() if cache_dir is not None else _cache_dir()
-    key = (cc, str(directory))
-    with _lock:
-        lib = _loaded.get(key)
-        if lib is None:
-            path = _build(cc, directory)
-            try:
-                lib = NativeLibrary(path)
-            except OSError as e:
-                raise NativeBuildError(
-                    f"cannot load the native memcpy helper {str(path)!r}: {e} (remove it to "
-                    f"rebuild, or choose the portable backend 'torch' explicitly)"
-                ) from e
-            _loaded[key] = lib
-        return lib
+    return load_helper(
+        NativeLibrary,
+        source=NATIVE_SOURCE,
+        stem="memcpy",
+        abi=ABI_VERSION,
+        what="the native memcpy helper",
+        fallback="choose the portable backend 'torch' explicitly",
+        compiler=compiler,
+        cache_dir=cache_dir,
+    )
 
 
 def native_status() -> tuple[bool, str]:

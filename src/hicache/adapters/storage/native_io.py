@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hicache.adapters.copy.native import NativeBuildError, _build, _cache_dir, _compiler
+from hicache.adapters.copy.native import NativeBuildError, load_helper
 
 IO_ABI = 1
 BLOCK = 4096
@@ -323,21 +323,17 @@ _state: list[NativeIo | str] = []
 
 def load_native_io(*, compiler: str | None = None, cache_dir: str | Path | None = None) -> NativeIo:
     """The native storage I/O helper, built if needed; NativeBuildError says why not."""
-    path = _build(
-        compiler or _compiler(),
-        Path(cache_dir).expanduser() if cache_dir is not None else _cache_dir(),
+    return load_helper(
+        NativeIo,
         source=IO_SOURCE,
         stem="storageio",
         abi=IO_ABI,
         what="the native storage I/O helper",
         fallback="DirectoryStore keeps its Python I/O path (the same files, slower)",
+        compiler=compiler,
+        cache_dir=cache_dir,
+        memo=False,  # native_io() keeps the process's one
     )
-    try:
-        return NativeIo(path)
-    except OSError as e:
-        raise NativeBuildError(
-            f"cannot load the native storage I/O helper {str(path)!r}: {e} (remove it to rebuild)"
-        ) from e
 
 
 def native_io() -> tuple[NativeIo | None, str]:
