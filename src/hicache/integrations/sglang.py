@@ -282,8 +282,8 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 f"HiCacheBackend pool {pool.name!r}: host_indices has {int(host_indices.numel())} "
                 f"token indices for {n} keys: expected {n * ps} (page size {ps})"
             )
-        flat = host_indices.reshape(-1).tolist()
-        return [int(flat[i * ps]) for i in range(n)]
+        # Page i starts at token index i * ps: read those n starts only (a strided view).
+        return [int(t) for t in host_indices.reshape(-1)[::ps].tolist()]
 
     def _read(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
         ids = self._buffers.add(buffers)
