@@ -5,7 +5,9 @@ Loaded by HiCacheConnector through hicache's "dynamic" storage backend
 - ``fail_after`` (a number n): keys after the first n of a get answer TRANSIENT (a store fault
   in the middle of a load);
 - ``corrupt``: every page read OK has its bytes scrambled after the checksum passed (damage the
-  checksum cannot see: the output must change, which proves the loaded KV is used).
+  checksum cannot see: the output must change, which proves the loaded KV is used); the text
+  ``1`` zeroes every third byte of every page, ``kv`` or ``state`` zeroes the whole pages of
+  that kind only (a hybrid model's KV blocks or its states).
 """
 
 from __future__ import annotations
@@ -36,9 +38,15 @@ class FaultyStore(DirectoryStore):
         if fail.exists():
             n = int(fail.read_text())
             statuses = [s if i < n else StoreStatus.TRANSIENT for i, s in enumerate(statuses)]
-        if (self.flags / "corrupt").exists():
-            for status, buffer in zip(statuses, buffers, strict=True):
-                if status.ok:
-                    for seg in buffer:
+        corrupt = self.flags / "corrupt"
+        if corrupt.exists():
+            mode = corrupt.read_text().strip()
+            for key, status, buffer in zip(keys, statuses, buffers, strict=True):
+                if not status.ok:
+                    continue
+                for seg in buffer:
+                    if mode == "1":
                         seg[::3] = bytes(len(seg[::3]))
+                    elif key.pool.startswith(mode):  # "kv" or "state": zero those pages
+                        seg[:] = bytes(len(seg))
         return statuses

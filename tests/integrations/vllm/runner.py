@@ -3,7 +3,8 @@
 ``python -m tests.integrations.vllm.runner SPEC.json`` where SPEC is {"model": folder,
 "mode": "inproc" | "mp", "tp": 1, "prompts": [[token ids], ...], "phases": [...]}; each phase
 starts one LLM (``connector``: the kv_connector_extra_config, or null for none) and runs its
-``steps``: ["gen", [prompt indexes]] | ["reset"] (vLLM's prefix cache) | ["reset_all"] (and
+``steps``: ["gen", [prompt indexes]] | ["followup", i, n] (the next turn of a chat: prompt i,
+its last output and n more tokens) | ["reset"] (vLLM's prefix cache) | ["reset_all"] (and
 hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's flag files) |
 ["damage", store folder] (flip a byte in every stored object). The last stdout line is
 ``HICACHE-RESULT {"phases": [[step result, ...], ...]}``; a "gen" result is a list of
@@ -44,6 +45,49 @@ def make_model(folder: Path, *, layers: int = 2, seed: int = 0) -> Path:
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder)
     return folder
+
+
+def make_hybrid_model(folder: Path, *, seed: int = 0) -> Path:
+    """A tiny Qwen3NextForCausalLM: 3 Gated DeltaNet layers and 1 full-attention layer (vLLM
+    sees 3 state groups and 1 attention group), random weights, initializer_range 0.25."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    if (folder / "config.json").exists():
+        return folder
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=64,  # vLLM's CPU Gated DeltaNet kernel refuses 32
+        linear_value_head_dim=64,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+        max_position_embeddings=8192,
+        initializer_range=0.25,
+        torch_dtype="bfloat16",
+    )
+    model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _followup(prompt: list[int], reply: list[int], n: int) -> list[int]:
+    import random
+
+    rng = random.Random(7)
+    return prompt + reply + [rng.randrange(1, 1000) for _ in range(n)]
 
 
 def _llm(
@@ -88,6 +132,7 @@ def run(spec: dict[str, object]) -> dict[str, object]:
     )
     prompts: list[list[int]] = spec["prompts"]  # type: ignore[assignment]
     out: list[list[object]] = []
+    last: dict[int, list[int]] = {}  # prompt index -> its last output
     for phase in spec["phases"]:  # type: ignore[attr-defined]
         llm = _llm(
             str(spec["model"]),
@@ -97,14 +142,22 @@ def run(spec: dict[str, object]) -> dict[str, object]:
         )
         results: list[object] = []
         for step in phase["steps"]:
-            if step[0] == "gen":
+            if step[0] in ("gen", "followup"):
                 import time
 
+                if step[0] == "gen":
+                    batch = [prompts[i] for i in step[1]]
+                else:
+                    batch = [_followup(prompts[step[1]], last[step[1]], step[2])]
                 t0 = time.perf_counter()
                 got = llm.generate(  # type: ignore[attr-defined]
-                    [{"prompt_token_ids": prompts[i]} for i in step[1]], params, use_tqdm=False
+                    [{"prompt_token_ids": p} for p in batch], params, use_tqdm=False
                 )
                 ms = (time.perf_counter() - t0) * 1000
+                if step[0] == "gen":
+                    last.update(
+                        {i: list(r.outputs[0].token_ids) for i, r in zip(step[1], got, strict=True)}
+                    )
                 results.append(
                     [
                         {

@@ -100,3 +100,75 @@ def two_process_spec(model: Path, tmp: Path) -> dict[str, Any]:
             {"connector": connector, "steps": [["gen", [0]]]},  # b0: storage hit (restart)
         ],
     }
+
+
+# Hybrid (tiny Qwen3-Next): vLLM makes its attention block 160 tokens (the state page sets it).
+# The tiny model's output depends on about its last 160 tokens only (a random prefix further
+# back changes nothing), so the prompts leave few tokens after the hit for the checks to bite.
+# HPROMPT0: 490 tokens; vLLM prefills 480 (3 blocks: the state at 480 is kept), then 10.
+# HPROMPT1: HPROMPT0's first 485 tokens and 5 others (a partial hit at 480).
+# HPROMPT2: 630 tokens; 24 decode tokens cross the boundary at 640, whose state is saved too
+# (save_decode): the next turn (HPROMPT2, its reply and 3 more: 657 tokens) hits 640.
+HBLOCK = 160
+HPROMPT0 = [_rng.randrange(1, 1000) for _ in range(490)]
+HPROMPT1 = HPROMPT0[:485] + [_rng.randrange(1, 1000) for _ in range(5)]
+HPROMPT2 = [_rng.randrange(1, 1000) for _ in range(630)]
+HYBRID_HIT = 480
+HYBRID_FOLLOWUP_HIT = 640
+
+
+def hybrid_spec(model: Path, tmp: Path) -> dict[str, Any]:
+    """Host hit, partial hit, next chat turn over a decode boundary, storage hit after a
+    restart, a store fault mid-load, zeroed states, zeroed KV and damaged objects."""
+    store, flags = tmp / "store", tmp / "flags"
+    flags.mkdir(parents=True, exist_ok=True)
+    f = str(flags)
+    return {
+        "model": str(model),
+        "mode": "inproc",
+        "prompts": [HPROMPT0, HPROMPT1, HPROMPT2],
+        "phases": [
+            {
+                "connector": {"host_gib": 0.05},
+                "steps": [
+                    ["gen", [0]],  # a0: recompute of HPROMPT0
+                    ["reset"],
+                    ["gen", [0]],  # a2: host hit
+                    ["reset_all"],
+                    ["gen", [1]],  # a4: recompute of HPROMPT1
+                    ["reset_all"],
+                    ["gen", [0]],  # a6: HPROMPT0 again into the host tier
+                    ["reset"],
+                    ["gen", [1]],  # a8: partial host hit
+                    ["gen", [2]],  # a9: HPROMPT2, its decode crosses 640
+                    ["reset"],
+                    ["followup", 2, 3],  # a11: the next turn hits the decode boundary
+                ],
+            },
+            # vLLM alone: the same next turn with vLLM's own prefix cache (a hit at 480)
+            {"connector": None, "steps": [["gen", [2]], ["followup", 2, 3]]},
+            # c0, c1: written (HPROMPT2 with the state its decode made at 640)
+            {"connector": faulty(store, flags), "steps": [["gen", [0]], ["gen", [2]]]},
+            {
+                "connector": faulty(store, flags),  # a restart: a new vLLM, the same store
+                "steps": [
+                    ["gen", [0]],  # d0: storage hit
+                    ["followup", 2, 3],  # d1: the next turn of HPROMPT2 from the store
+                    ["reset_all"],
+                    ["flag", f, "fail_after", 1],
+                    ["gen", [0]],  # d4: a store fault after the first page of the load
+                    ["flag", f, "fail_after", None],
+                    ["reset_all"],
+                    ["flag", f, "corrupt", "state"],
+                    ["gen", [0]],  # d8: the states loaded are zeroes: the output changes
+                    ["reset_all"],
+                    ["flag", f, "corrupt", "kv"],
+                    ["gen", [0]],  # d11: the KV loaded is zeroes: the output changes
+                    ["flag", f, "corrupt", None],
+                    ["reset_all"],
+                    ["damage", str(store)],
+                    ["gen", [0]],  # d15: damaged objects: checksum -> recompute
+                ],
+            },
+        ],
+    }

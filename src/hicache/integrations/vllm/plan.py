@@ -1,7 +1,12 @@
 """What the scheduler side asks of the workers each step, and what the workers report back.
 
-- LoadOp: one request's pages to restore: (key, host slot, device block, read from storage first).
+- LoadOp: one request's pages to restore: (key, host slot, device block, read from storage first);
+  for a hybrid model also the state at the hit's end (StateLoad), all or nothing.
 - SaveOp: one full block a step computed, to copy into a host slot (and then to the store).
+- StateSave: the recurrent (Mamba / Gated DeltaNet) state of every state group at a block
+  boundary a step ended on, to copy into a state slot (and then to the store).
+- state_key(key) / is_state(key): a state page's key is its boundary's chain key (the key of the
+  block ending there) behind the STATE prefix, so state and KV pages never share a key.
 - StepPlan: a step's loads (synchronous ones feed this step's forward; asynchronous ones run
   between steps), saves and the requests whose asynchronous load the scheduler waits for.
 - Event / WorkerEvents: per-page outcomes a worker reports (save, store, read, load; ok or not).
@@ -17,6 +22,30 @@ import enum
 from collections.abc import Iterable
 
 import attrs
+
+from hicache.domain.keys import page_hex
+from hicache.domain.storage import StoreKey
+
+STATE = b"state:"
+
+
+def state_key(key: bytes) -> bytes:
+    """The key of the state page at the boundary that block ``key`` ends."""
+    return STATE + key
+
+
+def is_state(key: bytes) -> bool:
+    return key.startswith(STATE)
+
+
+def store_key(namespace: str, rank: int, page: bytes) -> StoreKey:
+    """Rank ``rank``'s store key of a page: pool ``kv-r<rank>`` or, for a state page,
+    ``state-r<rank>``, under its chain key's hex."""
+    if is_state(page):
+        return StoreKey(
+            namespace=namespace, pool=f"state-r{rank}", page_hash=page_hex(page[len(STATE) :])
+        )
+    return StoreKey(namespace=namespace, pool=f"kv-r{rank}", page_hash=page_hex(page))
 
 
 class Op(enum.Enum):
@@ -34,6 +63,25 @@ class LoadOp:
     blocks: tuple[int, ...]
     from_storage: tuple[bool, ...]
     missing: tuple[int, ...] = ()  # blocks promised to vLLM that could not be planned
+    state: StateLoad | None = None  # hybrid: the state at the hit's end
+    all_or_nothing: bool = False  # hybrid: any failure fails the request (vLLM recomputes it)
+
+
+@attrs.frozen
+class StateLoad:
+    key: bytes  # state_key(...) of the boundary
+    slot: int  # state host slot
+    blocks: tuple[int, ...]  # one block id per state group (its block at the boundary)
+    from_storage: bool
+
+
+@attrs.frozen
+class StateSave:
+    req_id: str
+    key: bytes  # state_key(...) of the boundary
+    slot: int
+    blocks: tuple[int, ...]  # one block id per state group
+    store: bool
 
 
 @attrs.frozen
@@ -50,6 +98,7 @@ class StepPlan:
     loads: list[LoadOp] = attrs.field(factory=list)
     async_loads: list[LoadOp] = attrs.field(factory=list)
     saves: list[SaveOp] = attrs.field(factory=list)
+    state_saves: list[StateSave] = attrs.field(factory=list)
     # tokens hit per tier since the last plan (scheduler side): rank 0's worker counts them in
     # the stats vLLM collects from workers
     hit_tokens_host: int = 0

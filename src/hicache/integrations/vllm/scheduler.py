@@ -11,6 +11,15 @@
 - on_events(events): applies the workers' reports once every rank reported (Agreement): a
   saved page becomes a hit, a failed one is forgotten; loads and store writes unpin their slot.
 
+Hybrid models (``state_groups`` > 0: Mamba / Gated DeltaNet state beside one attention group)
+keep a second index of state pages: a state exists only at a boundary where a step ended
+(vLLM's "align" mode writes it into the state groups' block there), so a hit ends at the
+deepest boundary up to which every KV block and that boundary's state are held (host or store),
+and it is always loaded asynchronously, all or nothing: vLLM's model runner copies the state
+from the hit's last block into the running one before the forward, which a load started in the
+step itself would be too late for, and vLLM recovers a failed hybrid load by recomputing the
+whole request (``failed_recving``), not by block.
+
 Where things live: this object (in vLLM's scheduler process) owns the page index, the
 namespace of store keys and the host slot numbers; the worker owns the host memory and the
 copies (docs/vllm.md, "Processes").
@@ -26,7 +35,18 @@ from hicache.domain import CacheStateError
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import Store, StoreKey
 from hicache.integrations.vllm.host_index import HostIndex
-from hicache.integrations.vllm.plan import Agreement, Event, LoadOp, Op, SaveOp, StepPlan
+from hicache.integrations.vllm.plan import (
+    Agreement,
+    Event,
+    LoadOp,
+    Op,
+    SaveOp,
+    StateLoad,
+    StateSave,
+    StepPlan,
+    is_state,
+    state_key,
+)
 from hicache.integrations.vllm.stats import ConnectorStats
 
 
@@ -42,6 +62,7 @@ class _Hit:
     start: int  # first block hicache restores (vLLM's own hit ends here)
     host: int  # blocks [start, host) come from host pages
     end: int  # blocks [host, end) come from the store
+    state_from_store: bool | None = None  # hybrid: where the state at ``end`` is
 
 
 @attrs.frozen
@@ -66,9 +87,13 @@ class SchedulerSide:
         save_decode: bool,
         ranks: int,
         stats: ConnectorStats,
+        state_groups: int = 0,
+        state_slots: int = 0,
     ) -> None:
         self.block_size = block_size
         self.index = HostIndex(host_slots)
+        self.state_groups = state_groups
+        self.states = HostIndex(state_slots) if state_groups else None
         self.store = store
         self.store_keys = store_keys  # one key per rank
         self.write_storage = write_storage and store is not None
@@ -113,7 +138,9 @@ class SchedulerSide:
         if limit <= start:
             return 0, False
         keys = self._keys(req_id, prompt, limit, len(prompt))
-        i = 0
+        if self.states is not None:
+            return self._match_hybrid(req_id, keys, start, limit)
+        i = start  # blocks before start are vLLM's own hit: hicache need not hold them
         bad = self._bad
         while i < limit and keys[i] not in bad and self.index.lookup(keys[i]) is not None:
             i += 1
@@ -143,10 +170,70 @@ class SchedulerSide:
         self._hits[req_id] = _Hit(start=start, host=max(host, start), end=end)
         return (end - start) * bs, end > max(host, start)
 
-    def after_alloc(self, req_id: str, block_ids: Sequence[int], num_external: int) -> None:
+    def _in_store(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether every rank's copy of each page is in the store (False where it cannot say)."""
+        if self.store is None or not keys:
+            return [False] * len(keys)
+        ask = [k for key in keys for k in self.store_keys(key)]
+        try:
+            there = self.store.exists(ask)
+        except Exception as exc:
+            self.stats.error("exists", type(exc).__name__)
+            return [False] * len(keys)
+        per = len(ask) // len(keys)
+        return [all(there[j * per : (j + 1) * per]) for j in range(len(keys))]
+
+    def _match_hybrid(
+        self, req_id: str, keys: Sequence[bytes], start: int, limit: int
+    ) -> tuple[int, bool]:
+        states, bad = self.states, self._bad
+        assert states is not None
+        i = start
+        while i < limit and keys[i] not in bad and self.index.lookup(keys[i]) is not None:
+            i += 1
+        host = i
+        run = 0
+        while i + run < limit and keys[i + run] not in bad and not self.index.known(keys[i + run]):
+            run += 1
+        if run:
+            there = self._in_store(keys[i : i + run])
+            run = there.index(False) if False in there else run
+        kv_end = i + run
+        # boundaries start+1 .. kv_end, deepest first: the state at j ends block j - 1
+        on_host: dict[int, bool] = {}
+        ask: list[int] = []
+        for j in range(kv_end, start, -1):
+            skey = state_key(keys[j - 1])
+            if skey in bad:
+                continue
+            if states.lookup(skey) is not None:
+                on_host[j] = True
+            elif not states.known(skey):
+                ask.append(j)
+        there = self._in_store([state_key(keys[j - 1]) for j in ask])
+        on_host.update({j: False for j, ok in zip(ask, there, strict=True) if ok})
+        if not on_host:
+            return 0, False
+        end = max(on_host)
+        self._hits[req_id] = _Hit(
+            start=start, host=min(max(host, start), end), end=end, state_from_store=not on_host[end]
+        )
+        return (end - start) * self.block_size, True
+
+    def after_alloc(
+        self,
+        req_id: str,
+        block_ids: Sequence[int],
+        num_external: int,
+        state_blocks: Sequence[Sequence[int]] = (),
+    ) -> None:
         """vLLM allocated the request's blocks (``num_external``: the tokens it accepted from
-        match); counts the request's lookup once, with what hicache really restores."""
-        host, storage = self._alloc(req_id, block_ids, num_external)
+        match; ``block_ids``: the attention group's, ``state_blocks``: each state group's, for
+        a hybrid model); counts the request's lookup once, with what hicache really restores."""
+        if self.states is not None:
+            host, storage = self._alloc_hybrid(req_id, block_ids, num_external, state_blocks)
+        else:
+            host, storage = self._alloc(req_id, block_ids, num_external)
         looked = self._looked.pop(req_id, None)
         if looked is not None:
             tokens, device = looked
@@ -195,11 +282,82 @@ class SchedulerSide:
         (self._async if hit.end > hit.host else self._loads).append(op)
         return host_blocks, len(picked) - host_blocks
 
+    def _alloc_hybrid(
+        self,
+        req_id: str,
+        block_ids: Sequence[int],
+        num_external: int,
+        state_blocks: Sequence[Sequence[int]],
+    ) -> tuple[int, int]:
+        hit = self._hits.pop(req_id, None)
+        if num_external <= 0 or hit is None:
+            return 0, 0
+        states = self.states
+        assert states is not None
+        end = hit.start + num_external // self.block_size
+        keys = self._reqs[req_id].keys
+        taken: list[tuple[bytes, int, bool]] = []  # (key, slot, from store), kv then state
+        ok = end == hit.end and len(state_blocks) == self.state_groups
+        for b in range(hit.start, end if ok else hit.start):
+            try:
+                if b < hit.host:
+                    slot: int | None = self.index.pin(keys[b])
+                else:
+                    known = self.index.known(keys[b])
+                    slot = None if known else self.index.reserve(keys[b], pins=1)
+            except CacheStateError:
+                slot = None
+            if slot is None:
+                ok = False
+                break
+            taken.append((keys[b], slot, b >= hit.host))
+        state: StateLoad | None = None
+        skey = state_key(keys[end - 1])
+        if ok:
+            try:
+                if hit.state_from_store:
+                    sslot = None if states.known(skey) else states.reserve(skey, pins=1)
+                else:
+                    sslot = states.pin(skey)
+            except CacheStateError:
+                sslot = None
+            blocks = tuple(ids[end - 1] for ids in state_blocks)
+            if sslot is not None:
+                state = StateLoad(skey, sslot, blocks, bool(hit.state_from_store))
+        if state is None:  # nothing is loaded: give back what was taken; vLLM recomputes
+            for key, _, from_store in taken:
+                (self.index.drop if from_store else self.index.unpin)(key)
+                if from_store:
+                    self.index.unpin(key)
+            taken = []
+        op = LoadOp(
+            req_id=req_id,
+            keys=tuple(t[0] for t in taken),
+            slots=tuple(t[1] for t in taken),
+            blocks=tuple(block_ids[hit.start : hit.start + len(taken)]),
+            from_storage=tuple(t[2] for t in taken),
+            missing=() if state is not None else tuple(block_ids[hit.start : end]),
+            state=state,
+            all_or_nothing=True,
+        )
+        self._async.append(op)
+        if state is None:
+            return 0, 0
+        host_blocks = sum(1 for t in taken if not t[2])
+        self._hit_tokens[0] += host_blocks * self.block_size
+        self._hit_tokens[1] += (len(taken) - host_blocks) * self.block_size
+        return host_blocks, len(taken) - host_blocks
+
     # ---- one step ------------------------------------------------------------------------
 
     def build(
-        self, steps: Sequence[Scheduled], block_ids_of: Callable[[str], Sequence[int]]
+        self,
+        steps: Sequence[Scheduled],
+        block_ids_of: Callable[[str], Sequence[int]],
+        state_ids_of: Callable[[str], Sequence[Sequence[int]]] | None = None,
     ) -> StepPlan:
+        """The step's plan; ``block_ids_of``: a request's attention blocks, ``state_ids_of``:
+        its state groups' blocks (hybrid models)."""
         host, storage = self._hit_tokens
         plan = StepPlan(
             loads=self._loads,
@@ -217,6 +375,8 @@ class SchedulerSide:
             if st is None:
                 continue
             upto = len(s.tokens) if self.save_decode else st.prompt_len
+            if self.states is not None and state_ids_of is not None:
+                self._save_state(plan, s, st, upto, state_ids_of, pins)
             full = min(s.num_computed + s.num_scheduled, upto) // bs
             if full <= st.saved_upto:
                 continue
@@ -235,19 +395,56 @@ class SchedulerSide:
             st.saved_upto = full
         return plan
 
+    def _save_state(
+        self,
+        plan: StepPlan,
+        s: Scheduled,
+        st: _Request,
+        upto: int,
+        state_ids_of: Callable[[str], Sequence[Sequence[int]]],
+        pins: int,
+    ) -> None:
+        """A step that ends on a block boundary leaves the state there in the state groups'
+        block of that boundary (vLLM's align mode): save it once, like a full block."""
+        states = self.states
+        assert states is not None
+        end = s.num_computed + s.num_scheduled
+        j = end // self.block_size
+        if end % self.block_size or end > upto or j < 1:
+            return
+        skey = state_key(self._keys(s.req_id, s.tokens, j, st.prompt_len)[j - 1])
+        if states.known(skey):
+            return
+        groups = state_ids_of(s.req_id)
+        blocks = tuple(ids[j - 1] if len(ids) >= j else 0 for ids in groups)
+        if len(blocks) != self.state_groups or 0 in blocks:  # 0: vLLM's null block
+            return
+        slot = states.reserve(skey, pins=pins)
+        if slot is None:
+            self.stats.add("save_errors", 1)
+            self.stats.error("save", "host_full")
+            return
+        plan.state_saves.append(StateSave(s.req_id, skey, slot, blocks, self.write_storage))
+
+    def _index(self, key: bytes) -> HostIndex:
+        if is_state(key) and self.states is not None:
+            return self.states
+        return self.index
+
     def on_events(self, events: Sequence[Event]) -> None:
         for op, key, ok in self.agreement.add(events):
+            index = self._index(key)
             if op is Op.SAVE:
-                (self.index.ready if ok else self.index.drop)(key)
-                self.index.unpin(key)
+                (index.ready if ok else index.drop)(key)
+                index.unpin(key)
                 if ok:
                     self._bad.discard(key)
             elif op is Op.READ:
-                (self.index.ready if ok else self.index.drop)(key)
+                (index.ready if ok else index.drop)(key)
                 if not ok:
                     self._bad.add(key)
             else:  # LOAD and STORE end the pin their plan took
-                self.index.unpin(key)
+                index.unpin(key)
                 if op is Op.LOAD and not ok:
                     self._bad.add(key)
 

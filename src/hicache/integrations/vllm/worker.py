@@ -3,8 +3,13 @@
 - BlockLayer: one attention layer's registered cache seen as ``(num_blocks, block_bytes)``
   uint8 rows, a view of vLLM's own tensor (no copy): vLLM's CPU and GPU caches put the block
   first and are contiguous, so a block is one row whatever order its token rows have inside.
+- state_rows: a hybrid model's state layer (Mamba / Gated DeltaNet: conv and recurrent state in
+  one raw page per block, padded to vLLM's common page size) seen as ``(num_blocks,
+  state_bytes)`` rows of the bytes the state really uses (a strided view, no copy).
 - HostPages: the worker's host tier, ``(slots, page_bytes)`` uint8; a page is one block of
-  every layer, back to back, so it is one contiguous store object.
+  every attention layer, back to back, so it is one contiguous store object. A hybrid model
+  also has state slots, ``(state_slots, state_bytes)``: one state of every state layer, each
+  taken from its own group's block at the boundary.
 - WorkerTransfers: runs a StepPlan. Synchronous loads copy layer by layer on a copy thread
   (``wait_layer`` waits for one layer); saves copy layer by layer as vLLM reports each layer
   computed and are all finished by ``finish_step`` (so vLLM may reuse the blocks at once);
@@ -28,7 +33,15 @@ import torch
 
 from hicache.domain import DeviceError
 from hicache.domain.storage import Store, StoreKey, StoreStatus
-from hicache.integrations.vllm.plan import Event, LoadOp, Op, SaveOp, StepPlan
+from hicache.integrations.vllm.plan import (
+    Event,
+    LoadOp,
+    Op,
+    SaveOp,
+    StateSave,
+    StepPlan,
+    is_state,
+)
 from hicache.integrations.vllm.stats import ConnectorStats
 
 
@@ -43,6 +56,34 @@ def block_rows(name: str, cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
     return cache.view(torch.uint8).view(num_blocks, -1)
 
 
+def state_rows(name: str, cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """A state layer's ``cache`` as ``(num_blocks, used_bytes)`` uint8 rows (a strided view
+    skipping each block's padding); DeviceError where a block's bytes are not one run."""
+    inner = cache.shape[1:]
+    expected, step = [], 1
+    for size in reversed(inner):
+        expected.append(step)
+        step *= size
+    dense_inner = all(  # a dimension of size 1 may have any stride
+        size == 1 or stride == want
+        for size, stride, want in zip(inner, cache.stride()[1:], reversed(expected), strict=True)
+    )
+    if cache.dim() < 2 or cache.shape[0] != num_blocks or not dense_inner:
+        raise DeviceError(
+            f"vLLM state cache of layer {name!r}: shape {tuple(cache.shape)}, stride "
+            f"{cache.stride()}; expected the {num_blocks} blocks first, each one run of bytes"
+        )
+    used = step * cache.element_size()
+    row = cache.stride(0) * cache.element_size()
+    raw = cache.view(torch.uint8) if cache.element_size() == 1 else None
+    if raw is None:
+        raise DeviceError(
+            f"vLLM state cache of layer {name!r} has dtype {cache.dtype}; expected vLLM's raw "
+            "byte pages (int8 or uint8)"
+        )
+    return raw.as_strided((num_blocks, used), (row, 1), raw.storage_offset())
+
+
 class WorkerTransfers:
     """Host pages and the copies of one worker (one TP rank). See the module docstring."""
 
@@ -55,6 +96,8 @@ class WorkerTransfers:
         store_key: Callable[[bytes], StoreKey],
         stats: ConnectorStats,
         rank: int = 0,
+        state_layers: Sequence[tuple[str, int, torch.Tensor]] = (),
+        state_host_bytes: int = 0,
     ) -> None:
         self.rank = rank
         self.names = [n for n, _ in layers]
@@ -72,6 +115,21 @@ class WorkerTransfers:
                 "bytes (one block of every layer)"
             )
         self.host = torch.empty((slots, self.page_bytes), dtype=torch.uint8)
+        # hybrid: (name, state group position, rows) of every state layer
+        self.state_layers = list(state_layers)
+        self.state_offsets: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, _, rows in self.state_layers:
+            self.state_offsets[name] = (off, rows.shape[1])
+            off += rows.shape[1]
+        self.state_bytes = off
+        state_slots = state_host_bytes // off if off else 0
+        if self.state_layers and state_slots < 1:
+            raise DeviceError(
+                f"host_gib gives {state_host_bytes} bytes for states, less than one state of "
+                f"{off} bytes (every state layer)"
+            )
+        self.state_host = torch.empty((state_slots, max(off, 1)), dtype=torch.uint8)
         self.store = store
         self.store_key = store_key
         self.stats = stats
@@ -80,6 +138,7 @@ class WorkerTransfers:
         self._lock = threading.Lock()
         self._events: list[Event] = []
         self._finished: set[str] = set()
+        self._failed: set[str] = set()  # hybrid loads that failed: vLLM recomputes the request
         self._errors: set[int] = set()
         self._plan = StepPlan()
         self._started = False
@@ -142,7 +201,13 @@ class WorkerTransfers:
         self.start_step()  # vLLM calls start_load_kv after the forward when no load is sync
         for name in self.names:
             self.save_layer(name)
+        state_fut = (
+            self._copy.submit(self._save_states, plan.state_saves) if plan.state_saves else None
+        )
         t0 = time.perf_counter()
+        state_exc = state_fut.exception() if state_fut is not None else None
+        if state_exc is not None:
+            self.stats.error("save", type(state_exc).__name__)
         failed_save = any(f.exception() is not None for f in self._save_futs.values())
         failed_load = [f.exception() for f in self._load_futs.values()]
         for exc in {type(e).__name__ for e in failed_load if e is not None}:
@@ -165,11 +230,22 @@ class WorkerTransfers:
             )
         if plan.saves and not failed_save:
             self.stats.add("save_bytes", self.page_bytes * len(plan.saves))
-            stored = [op for op in plan.saves if op.store]
+            stored: list[SaveOp | StateSave] = [op for op in plan.saves if op.store]
             if stored and self.store is not None:
                 self._pending_io.append(self._io.submit(self._store_pages, stored))
         elif plan.saves:
             self.stats.add("save_errors", len(plan.saves))
+        for ss in plan.state_saves:
+            events.append(Event(Op.SAVE, ss.key, state_exc is None, self.state_bytes))
+            if ss.store and (state_exc is not None or self.store is None):
+                events.append(Event(Op.STORE, ss.key, False))
+        if plan.state_saves and state_exc is None:
+            self.stats.add("save_bytes", self.state_bytes * len(plan.state_saves))
+            stored_states: list[SaveOp | StateSave] = [op for op in plan.state_saves if op.store]
+            if stored_states and self.store is not None:
+                self._pending_io.append(self._io.submit(self._store_pages, stored_states))
+        elif plan.state_saves:
+            self.stats.add("save_errors", len(plan.state_saves))
         ok = not any(e is not None for e in failed_load)
         errors: set[int] = set()
         for op in plan.loads:
@@ -213,17 +289,34 @@ class WorkerTransfers:
             0, slots, self.rows[name].index_select(0, blocks)
         )
 
+    def _save_states(self, saves: Sequence[StateSave]) -> None:
+        slots = torch.tensor([op.slot for op in saves], dtype=torch.long)
+        for name, group, rows in self.state_layers:
+            off, size = self.state_offsets[name]
+            blocks = torch.tensor([op.blocks[group] for op in saves], dtype=torch.long)
+            self.state_host.narrow(1, off, size).index_copy_(0, slots, rows.index_select(0, blocks))
+
+    def _load_state(self, slot: int, blocks: Sequence[int]) -> None:
+        for name, group, rows in self.state_layers:
+            off, size = self.state_offsets[name]
+            rows[blocks[group]].copy_(self.state_host[slot].narrow(0, off, size))
+
     # ---- store I/O (store thread) --------------------------------------------------------
 
-    def _page(self, slot: int) -> list[memoryview]:
-        return [memoryview(self.host[slot].numpy()).cast("B")]  # type: ignore[arg-type]
+    def _page(self, slot: int, key: bytes = b"") -> list[memoryview]:
+        host = self.state_host if is_state(key) else self.host
+        return [memoryview(host[slot].numpy()).cast("B")]  # type: ignore[arg-type]
 
-    def _store_pages(self, saves: Sequence[SaveOp]) -> None:
+    def _nbytes(self, key: bytes) -> int:
+        return self.state_bytes if is_state(key) else self.page_bytes
+
+    def _store_pages(self, saves: Sequence[SaveOp | StateSave]) -> None:
         assert self.store is not None
         t0 = time.perf_counter()
         try:
             statuses = self.store.put(
-                [self.store_key(op.key) for op in saves], [self._page(op.slot) for op in saves]
+                [self.store_key(op.key) for op in saves],
+                [self._page(op.slot, op.key) for op in saves],
             )
         except Exception as exc:  # a store that raises: its pages are simply not stored
             statuses = [StoreStatus.FATAL] * len(saves)
@@ -234,24 +327,34 @@ class WorkerTransfers:
                     self.stats.error("put", s.value)
         good = sum(1 for s in statuses if s.ok)
         self.stats.add("store_s", time.perf_counter() - t0)
-        self.stats.add("store_bytes", good * self.page_bytes)
+        self.stats.add(
+            "store_bytes",
+            sum(self._nbytes(op.key) for op, s in zip(saves, statuses, strict=True) if s.ok),
+        )
         self.stats.add("store_errors", len(saves) - good)
         with self._lock:
             self._events.extend(
-                Event(Op.STORE, op.key, s.ok, self.page_bytes)
+                Event(Op.STORE, op.key, s.ok, self._nbytes(op.key))
                 for op, s in zip(saves, statuses, strict=True)
             )
 
     def _async_load(self, op: LoadOp) -> None:
         t0 = time.perf_counter()
-        reads = [i for i, s in enumerate(op.from_storage) if s]
+        keys = list(op.keys)
+        slots = list(op.slots)
+        from_storage = list(op.from_storage)
+        if op.state is not None:  # read with the pages; copied last
+            keys.append(op.state.key)
+            slots.append(op.state.slot)
+            from_storage.append(op.state.from_storage)
+        reads = [i for i, s in enumerate(from_storage) if s]
         status: dict[int, bool] = {}
         if reads:
             try:
                 assert self.store is not None
                 got = self.store.get(
-                    [self.store_key(op.keys[i]) for i in reads],
-                    [self._page(op.slots[i]) for i in reads],
+                    [self.store_key(keys[i]) for i in reads],
+                    [self._page(slots[i], keys[i]) for i in reads],
                 )
                 status = {i: s.ok for i, s in zip(reads, got, strict=True)}
                 for s in got:
@@ -263,40 +366,58 @@ class WorkerTransfers:
         good = 0
         while good < len(op.keys) and status.get(good, True):
             good += 1
-        read_ok = sum(1 for ok in status.values() if ok)
-        self.stats.add("read_bytes", read_ok * self.page_bytes)
-        self.stats.add("read_errors", len(status) - read_ok)
+        read_ok = sum(self._nbytes(keys[i]) for i, ok in status.items() if ok)
+        self.stats.add("read_bytes", read_ok)
+        self.stats.add("read_errors", sum(1 for ok in status.values() if not ok))
+        state_ok = op.state is not None and status.get(len(op.keys), True)
+        whole = good == len(op.keys) and state_ok and not op.missing
+        if op.all_or_nothing and not whole:
+            good = 0  # a hybrid hit without all of its pages and its state is no hit
         copied = True
-        if good:
-            try:
-                slots = torch.tensor(op.slots[:good], dtype=torch.long)
-                blocks = torch.tensor(op.blocks[:good], dtype=torch.long)
-                for name in self.names:
-                    off, size = self.offsets[name]
-                    rows = self.host.narrow(1, off, size).index_select(0, slots)
-                    self.rows[name].index_copy_(0, blocks, rows)
-            except Exception as exc:
-                good, copied = 0, False
-                self.stats.error("load", type(exc).__name__)
-        self.stats.add("load_bytes", good * self.page_bytes)
+        try:
+            if good:
+                self._copy_pages(op.slots[:good], op.blocks[:good])
+            if op.all_or_nothing and whole and op.state is not None:
+                self._load_state(op.state.slot, op.state.blocks)
+        except Exception as exc:
+            good, copied, whole = 0, False, False
+            self.stats.error("load", type(exc).__name__)
+        state_bytes = self.state_bytes if op.all_or_nothing and whole else 0
+        self.stats.add("load_bytes", good * self.page_bytes + state_bytes)
         self.stats.add("load_errors", len(op.keys) - good)
         seconds = time.perf_counter() - t0
         self.stats.add("load_s", seconds)
         self.stats.load(
             pages=good,
-            nbytes=good * self.page_bytes,
+            nbytes=good * self.page_bytes + state_bytes,
             seconds=seconds,
-            ok=good == len(op.keys),
+            ok=good == len(op.keys) and not (op.all_or_nothing and not whole),
         )
-        events = [Event(Op.READ, op.keys[i], ok, self.page_bytes) for i, ok in status.items()]
+        events = [Event(Op.READ, keys[i], ok, self._nbytes(keys[i])) for i, ok in status.items()]
         # LOAD ends each slot's pin; it fails only where a copy failed (a page after a failed
         # read is fine on host, just not loaded: the READ events say which pages are broken).
-        events += [Event(Op.LOAD, k, copied) for k in op.keys]
+        events += [Event(Op.LOAD, k, copied) for k in keys]
+        failed = op.all_or_nothing and not whole
         with self._lock:
             self._events.extend(events)
-            self._errors.update(op.blocks[good:])
-            self._errors.update(op.missing)
+            if op.all_or_nothing:  # vLLM recovers a hybrid load by request, not by block
+                if failed:
+                    self._failed.add(op.req_id)
+            else:
+                self._errors.update(op.blocks[good:])
+                self._errors.update(op.missing)
             self._finished.add(op.req_id)
+
+    def _copy_pages(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
+        if not slots:
+            return
+        index = torch.tensor(slots, dtype=torch.long)
+        target = torch.tensor(blocks, dtype=torch.long)
+        for name in self.names:
+            off, size = self.offsets[name]
+            self.rows[name].index_copy_(
+                0, target, self.host.narrow(1, off, size).index_select(0, index)
+            )
 
     # ---- reports -------------------------------------------------------------------------
 
@@ -308,6 +429,12 @@ class WorkerTransfers:
     def drain_finished(self) -> set[str]:
         with self._lock:
             out, self._finished = self._finished, set()
+        return out
+
+    def drain_failed(self) -> set[str]:
+        """Requests whose hybrid load failed since the last call (also in drain_finished)."""
+        with self._lock:
+            out, self._failed = self._failed, set()
         return out
 
     def drain_errors(self) -> set[int]:

