@@ -19,6 +19,7 @@ from hicache.cli import main
         (["--repeats", "0"], "--repeats"),
         (["--tokens", "-1"], "--tokens"),
         (["--host-gib", "0"], "--host-gib"),
+        (["--model-kind", "mamba"], "--model-kind"),
     ],
 )
 def test_bad_option_exits_2_with_one_line_naming_it(

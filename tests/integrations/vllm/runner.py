@@ -47,42 +47,6 @@ def make_model(folder: Path, *, layers: int = 2, seed: int = 0) -> Path:
     return folder
 
 
-def make_hybrid_model(folder: Path, *, seed: int = 0) -> Path:
-    """A tiny Qwen3NextForCausalLM: 3 Gated DeltaNet layers and 1 full-attention layer (vLLM
-    sees 3 state groups and 1 attention group), random weights, initializer_range 0.25."""
-    import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    if (folder / "config.json").exists():
-        return folder
-    torch.manual_seed(seed)
-    config = Qwen3NextConfig(
-        vocab_size=1024,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=64,  # vLLM's CPU Gated DeltaNet kernel refuses 32
-        linear_value_head_dim=64,
-        linear_num_key_heads=4,
-        linear_num_value_heads=8,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=128,
-        shared_expert_intermediate_size=128,
-        max_position_embeddings=8192,
-        initializer_range=0.25,
-        torch_dtype="bfloat16",
-    )
-    model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(folder)
-    return folder
-
-
 def _followup(prompt: list[int], reply: list[int], n: int) -> list[int]:
     import random
 

@@ -36,7 +36,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [
             sys.executable,
             "-c",
-            f"from tests.integrations.vllm.runner import make_hybrid_model; "
+            f"from hicache.integrations.vllm.bench import make_tiny_qwen3_next as make_hybrid_model; "
             f"from pathlib import Path; make_hybrid_model(Path({str(folder)!r}))",
         ],
         cwd=ROOT,

@@ -1,7 +1,9 @@
 """`hicache bench vllm`: time to first token of a real vLLM with and without HiCacheConnector.
 
 One process, vLLM in its single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0, eager), one
-LLM instance per configuration on a tiny random-weight Llama made with transformers (or
+LLM instance per configuration on a tiny random-weight model made with transformers: a Llama,
+or with ``kind="qwen3-next"`` a hybrid Qwen3-Next (3 Gated DeltaNet layers, 1 attention layer;
+vLLM's ExampleConnector cannot run hybrid models, so its figure is null there) (or
 ``--model``). Each configuration first runs the prompt once (recompute: it also fills the
 cache under test), then times a one-token generate (the TTFT) of the same prompt:
 
@@ -54,6 +56,49 @@ def make_tiny_llama(folder: Path, *, layers: int = 2, hidden: int = 256, seed: i
     return folder
 
 
+def make_tiny_qwen3_next(folder: Path, *, hidden: int = 256, seed: int = 0) -> Path:
+    """A Qwen3NextForCausalLM with random weights: 3 Gated DeltaNet layers and 1 full-attention
+    layer (vLLM: 3 state groups and 1 attention group), initializer_range 0.25."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    if (folder / "config.json").exists():
+        return folder
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=64,  # vLLM's CPU Gated DeltaNet kernel refuses 32
+        linear_value_head_dim=64,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=hidden // 2,
+        shared_expert_intermediate_size=hidden // 2,
+        max_position_embeddings=16384,
+        initializer_range=0.25,
+        torch_dtype="bfloat16",
+    )
+    Qwen3NextForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+KINDS = {"llama": make_tiny_llama, "qwen3-next": make_tiny_qwen3_next}
+DESCRIPTIONS = {
+    "llama": "tiny-llama (2 layers, hidden 256, random weights)",
+    "qwen3-next": "tiny-qwen3-next (3 Gated DeltaNet + 1 attention layers, hidden 256, random "
+    "weights)",
+}
+
+
 def _llm(model: Path, connector: str | None, extra: dict[str, Any]) -> Any:
     from vllm import LLM
     from vllm.config import KVTransferConfig
@@ -86,7 +131,13 @@ def _llm(model: Path, connector: str | None, extra: dict[str, Any]) -> Any:
 
 
 def run_bench(
-    *, model: Path | None, prompt_tokens: int, tokens: int, repeats: int, host_gib: float
+    *,
+    model: Path | None,
+    prompt_tokens: int,
+    tokens: int,
+    repeats: int,
+    host_gib: float,
+    kind: str = "llama",
 ) -> dict[str, Any]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -108,7 +159,7 @@ def run_bench(
     outputs: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory(prefix="hicache-bench-vllm-") as tmp:
         root = Path(tmp)
-        folder = model or make_tiny_llama(root / "model")
+        folder = model or KINDS[kind](root / "model")
         store, example = root / "store", root / "example"
         example.mkdir()
 
@@ -135,7 +186,6 @@ def run_bench(
         llm.reset_prefix_cache()
         outputs["recompute"] = gen(llm, prompt, many)[1]
         timed(llm, "vllm_prefix_cache", reset=False)
-        hits.pop("vllm_prefix_cache", None)
         del llm
 
         extra = {"host_gib": host_gib, "storage_backend": "directory", "storage_path": str(store)}
@@ -162,25 +212,30 @@ def run_bench(
         outputs["hicache_storage"] = gen(llm, prompt, many)[1]
         del llm
 
-        llm = _llm(folder, "ExampleConnector", {"shared_storage_path": str(example)})
-        gen(llm, prompt, one)
-        timed(llm, "example_connector", reset=True)
-        del llm
+        if kind != "qwen3-next":  # ExampleConnector has no SupportsHMA: vLLM refuses
+            llm = _llm(folder, "ExampleConnector", {"shared_storage_path": str(example)})
+            gen(llm, prompt, one)
+            timed(llm, "example_connector", reset=True)
+            del llm
 
     base = outputs["recompute"]
     rec = ttft["recompute"]
+    example_ms = ttft.get("example_connector")
     return {
-        "model": str(model) if model else "tiny-llama (2 layers, hidden 256, random weights)",
+        "model": str(model) if model else DESCRIPTIONS[kind],
         "prompt_tokens": prompt_tokens,
-        "ttft_ms": {k: round(v, 1) for k, v in ttft.items()},
+        "ttft_ms": {
+            k: round(v, 1) if v is not None else None
+            for k, v in {**ttft, "example_connector": example_ms}.items()
+        },
         "ratios": {
             "hicache_host_vs_recompute": round(ttft["hicache_host"] / rec, 3),
             "hicache_host_vs_vllm_prefix_cache": round(
                 ttft["hicache_host"] / ttft["vllm_prefix_cache"], 3
             ),
             "hicache_storage_vs_recompute": round(ttft["hicache_storage"] / rec, 3),
-            "hicache_host_vs_example_connector": round(
-                ttft["hicache_host"] / ttft["example_connector"], 3
+            "hicache_host_vs_example_connector": (
+                round(ttft["hicache_host"] / example_ms, 3) if example_ms else None
             ),
         },
         "hit_tokens": hits,
