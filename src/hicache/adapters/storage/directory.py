@@ -41,6 +41,7 @@ from hicache.adapters.storage.object_file import (
     read_object,
     write_object,
 )
+from hicache.adapters.storage.spread import Spreader
 from hicache.domain import StoreError
 from hicache.domain.storage import (
     PageBuffer,
@@ -82,6 +83,7 @@ class DirectoryStore:
         self._used = 0
         self._pending = 0
         self._closed = False
+        self._spreader = Spreader(self.settings.io_threads, name="hicache-directory-io")
         self._scan()
 
     @classmethod
@@ -229,17 +231,26 @@ class DirectoryStore:
         deadline: float | None,
         one: Callable[[StoreKey, PageBuffer], StoreStatus],
     ) -> list[StoreStatus]:
-        """``one`` per page in order; FATAL once closed, TRANSIENT once the deadline has passed."""
+        """``one`` per page, spread over ``io_threads`` threads; FATAL once closed, TRANSIENT
+        once the deadline has passed. Afterwards the pages that answered OK are the most
+        recently used, in the batch's order (as if they had run one after another)."""
         check_batch(keys, buffers)
         deadline = self._deadline(deadline)
-        out = []
-        for key, buffer in zip(keys, buffers, strict=True):
+
+        def page(i: int) -> StoreStatus:
             if self._closed:
-                out.append(StoreStatus.FATAL)
-            elif deadline is not None and time.monotonic() >= deadline:
-                out.append(StoreStatus.TRANSIENT)
-            else:
-                out.append(one(key, buffer))
+                return StoreStatus.FATAL
+            if deadline is not None and time.monotonic() >= deadline:
+                return StoreStatus.TRANSIENT
+            return one(keys[i], buffers[i])
+
+        out = self._spreader.run(len(keys), page)
+        if len(keys) > 1:
+            with self._lock:
+                for key, status in zip(keys, out, strict=True):
+                    name = object_name(key)
+                    if status is StoreStatus.OK and name in self._index:
+                        self._index.move_to_end(name)
         return out
 
     def _get_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
@@ -371,6 +382,7 @@ class DirectoryStore:
         if self._closed:
             return
         self._closed = True
+        self._spreader.close()  # pages in flight on helper threads finish first
         if self._owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
 

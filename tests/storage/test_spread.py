@@ -1,0 +1,140 @@
+"""Spreader: a batch's jobs on the caller plus helper threads, results in order, errors raised on
+the caller only once no helper is still inside a job; DirectoryStore batches spread that way."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hicache.adapters.storage import DirectorySettings, DirectoryStore
+from hicache.adapters.storage.format import HEADER_SPAN
+from hicache.adapters.storage.spread import Spreader
+from hicache.domain.storage import StoreStatus
+from tests.storage.conftest import empty, joined, key, page
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 100])
+def test_results_come_back_in_index_order(threads: int, n: int) -> None:
+    spreader = Spreader(threads, name="t")
+    try:
+        assert spreader.run(n, lambda i: i * i) == [i * i for i in range(n)]
+    finally:
+        spreader.close()
+
+
+def test_two_threads_run_two_jobs_at_once() -> None:
+    # Each of the first two jobs waits for the other: one thread alone would time out.
+    barrier = threading.Barrier(2, timeout=10)
+    spreader = Spreader(2, name="t")
+    try:
+        threads = spreader.run(2, lambda i: (barrier.wait(), threading.get_ident())[1])
+    finally:
+        spreader.close()
+    assert len(set(threads)) == 2
+
+
+def test_one_thread_runs_every_job_on_the_caller() -> None:
+    spreader = Spreader(1, name="t")
+    assert set(spreader.run(5, lambda i: threading.get_ident())) == {threading.get_ident()}
+
+
+def test_a_failed_job_is_raised_after_the_jobs_in_flight_have_finished() -> None:
+    started = threading.Event()
+    finished = threading.Event()
+
+    def job(i: int) -> int:
+        if i == 0:  # the caller's job: wait until a helper is inside job 1, then fail
+            assert started.wait(10)
+            raise ValueError("job 0 failed")
+        started.set()
+        time.sleep(0.2)
+        finished.set()
+        return i
+
+    spreader = Spreader(2, name="t")
+    try:
+        with pytest.raises(ValueError, match="job 0 failed"):
+            spreader.run(2, job)
+        assert finished.is_set()  # run did not return while the helper was still filling
+    finally:
+        spreader.close()
+
+
+def test_a_helpers_error_is_raised_on_the_caller_and_stops_the_batch() -> None:
+    ran: list[int] = []
+    gate = threading.Event()
+
+    def job(i: int) -> int:
+        if i == 0:
+            assert gate.wait(10)  # the caller holds job 0 until the helper has failed
+            return 0
+        ran.append(i)
+        gate.set()
+        raise KeyError(f"job {i}")
+
+    spreader = Spreader(2, name="t")
+    try:
+        with pytest.raises(KeyError, match="job 1"):
+            spreader.run(50, job)
+    finally:
+        spreader.close()
+    assert ran == [1]  # nothing was handed out after the failure
+
+
+def test_after_close_the_caller_still_runs_every_job() -> None:
+    spreader = Spreader(3, name="t")
+    spreader.close()
+    assert spreader.run(6, lambda i: i) == list(range(6))
+
+
+# -- DirectoryStore over it ------------------------------------------------------------------------
+
+OBJ = HEADER_SPAN + 4096
+
+
+@pytest.mark.parametrize("io_threads", [1, 2, 4])
+def test_a_batch_reads_back_what_it_wrote_with_any_number_of_io_threads(
+    tmp_path: Path, io_threads: int
+) -> None:
+    store = DirectoryStore(DirectorySettings(root=tmp_path, io_threads=io_threads))
+    keys = [key(i) for i in range(1, 21)]
+    assert (
+        store.put(keys, [page(4096 * (i % 3 + 1), i) for i in range(1, 21)])
+        == [StoreStatus.OK] * 20
+    )
+    dst = [empty(4096 * (i % 3 + 1)) for i in range(1, 21)]
+    assert store.get(keys, dst) == [StoreStatus.OK] * 20
+    for i, d in enumerate(dst, start=1):
+        assert joined(d) == joined(page(4096 * (i % 3 + 1), i))
+    store.close()
+
+
+def test_a_spread_batch_leaves_its_pages_most_recently_used_in_batch_order(
+    tmp_path: Path,
+) -> None:
+    store = DirectoryStore(DirectorySettings(root=tmp_path, io_threads=4, capacity_bytes=4 * OBJ))
+    store.put([key(i) for i in range(1, 5)], [page(4096, i) for i in range(1, 5)])
+    assert store.get([key(3), key(1)], [empty(4096), empty(4096)]) == [StoreStatus.OK] * 2
+    # Least recently used first: 2, 4 (put in that order), then 3, 1 (got in that order).
+    store.put([key(5), key(6), key(7)], [page(4096, i) for i in (5, 6, 7)])
+    assert store.exists([key(i) for i in range(1, 8)]) == [
+        True,
+        False,
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+    store.close()
+
+
+def test_closing_a_store_answers_fatal_for_a_batch_begun_later(tmp_path: Path) -> None:
+    store = DirectoryStore(DirectorySettings(root=tmp_path, io_threads=2))
+    store.put([key(1)], [page(4096)])
+    store.close()
+    assert store.get([key(1), key(1)], [empty(4096), empty(4096)]) == [StoreStatus.FATAL] * 2
