@@ -229,7 +229,7 @@ class DirectoryStore:
         keys: Sequence[StoreKey],
         buffers: Sequence[PageBuffer],
         deadline: float | None,
-        one: Callable[[StoreKey, PageBuffer], StoreStatus],
+        one: Callable[[StoreKey, str, PageBuffer], StoreStatus],
     ) -> list[StoreStatus]:
         """``one`` per page, spread over ``io_threads`` threads; FATAL once closed, TRANSIENT
         once the deadline has passed. Afterwards the pages that answered OK are the most
@@ -237,27 +237,28 @@ class DirectoryStore:
         check_batch(keys, buffers)
         deadline = self._deadline(deadline)
 
+        names: list[str | None] = [None] * len(keys)
+
         def page(i: int) -> StoreStatus:
             if self._closed:
                 return StoreStatus.FATAL
             if deadline is not None and time.monotonic() >= deadline:
                 return StoreStatus.TRANSIENT
-            return one(keys[i], buffers[i])
+            name = names[i] = object_name(keys[i])
+            return one(keys[i], name, buffers[i])
 
         out = self._spreader.run(len(keys), page)
         if len(keys) > 1:
             with self._lock:
-                for key, status in zip(keys, out, strict=True):
-                    name = object_name(key)
-                    if status is StoreStatus.OK and name in self._index:
+                for name, status in zip(names, out, strict=True):
+                    if status is StoreStatus.OK and name is not None and name in self._index:
                         self._index.move_to_end(name)
         return out
 
-    def _get_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
+    def _get_one(self, key: StoreKey, name: str, buffer: PageBuffer) -> StoreStatus:
         segments = flat_segments(buffer)
         if segments is None:
             return StoreStatus.INVALID
-        name = object_name(key)
         path = self._path(name)
         try:
             fd = open_object(path)
@@ -297,11 +298,10 @@ class DirectoryStore:
     ) -> list[StoreStatus]:
         return self._batch(keys, buffers, deadline, self._put_one)
 
-    def _put_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
+    def _put_one(self, key: StoreKey, name: str, buffer: PageBuffer) -> StoreStatus:
         segments = flat_segments(buffer)
         if segments is None:
             return StoreStatus.INVALID
-        name = object_name(key)
         path = self._path(name)
         size = HEADER_SPAN + buffer_nbytes(segments)
         cap = self.settings.capacity_bytes
@@ -340,9 +340,13 @@ class DirectoryStore:
         """Write the object to a fresh temporary file in its directory; it and OK, or a status."""
         folder = self._dir(name)
         tmp = f"{folder}/{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        write = self.settings.checksum, self.settings.fsync
         try:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            write_object(tmp, key, segments, self.settings.checksum, fsync=self.settings.fsync)
+            try:
+                write_object(tmp, key, segments, write[0], fsync=write[1])
+            except FileNotFoundError:  # the fan-out folder is not made yet (or was removed)
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+                write_object(tmp, key, segments, write[0], fsync=write[1])
         except OSError as e:
             return failed_status(e), None
         return StoreStatus.OK, tmp
