@@ -96,11 +96,12 @@ def test_after_close_the_caller_still_runs_every_job() -> None:
 OBJ = HEADER_SPAN + 4096
 
 
-@pytest.mark.parametrize("io_threads", [1, 2, 4])
-def test_a_batch_reads_back_what_it_wrote_with_any_number_of_io_threads(
-    tmp_path: Path, io_threads: int
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_a_batch_reads_back_what_it_wrote_with_any_number_of_threads(
+    tmp_path: Path, threads: int
 ) -> None:
-    store = DirectoryStore(DirectorySettings(root=tmp_path, io_threads=io_threads))
+    settings = DirectorySettings(root=tmp_path, read_threads=threads, write_threads=threads)
+    store = DirectoryStore(settings)
     keys = [key(i) for i in range(1, 21)]
     assert (
         store.put(keys, [page(4096 * (i % 3 + 1), i) for i in range(1, 21)])
@@ -116,7 +117,10 @@ def test_a_batch_reads_back_what_it_wrote_with_any_number_of_io_threads(
 def test_a_spread_batch_leaves_its_pages_most_recently_used_in_batch_order(
     tmp_path: Path,
 ) -> None:
-    store = DirectoryStore(DirectorySettings(root=tmp_path, io_threads=4, capacity_bytes=4 * OBJ))
+    settings = DirectorySettings(
+        root=tmp_path, read_threads=4, write_threads=4, capacity_bytes=4 * OBJ
+    )
+    store = DirectoryStore(settings)
     store.put([key(i) for i in range(1, 5)], [page(4096, i) for i in range(1, 5)])
     assert store.get([key(3), key(1)], [empty(4096), empty(4096)]) == [StoreStatus.OK] * 2
     # Least recently used first: 2, 4 (put in that order), then 3, 1 (got in that order).
@@ -134,7 +138,7 @@ def test_a_spread_batch_leaves_its_pages_most_recently_used_in_batch_order(
 
 
 def test_closing_a_store_answers_fatal_for_a_batch_begun_later(tmp_path: Path) -> None:
-    store = DirectoryStore(DirectorySettings(root=tmp_path, io_threads=2))
+    store = DirectoryStore(DirectorySettings(root=tmp_path, read_threads=2, write_threads=2))
     store.put([key(1)], [page(4096)])
     store.close()
     assert store.get([key(1), key(1)], [empty(4096), empty(4096)]) == [StoreStatus.FATAL] * 2

@@ -83,7 +83,8 @@ class DirectoryStore:
         self._used = 0
         self._pending = 0
         self._closed = False
-        self._spreader = Spreader(self.settings.io_threads, name="hicache-directory-io")
+        self._readers = Spreader(self.settings.read_threads, name="hicache-directory-get")
+        self._writers = Spreader(self.settings.write_threads, name="hicache-directory-put")
         self._scan()
 
     @classmethod
@@ -222,7 +223,7 @@ class DirectoryStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        return self._batch(keys, buffers, deadline, self._get_one)
+        return self._batch(keys, buffers, deadline, self._get_one, self._readers)
 
     def _batch(
         self,
@@ -230,8 +231,9 @@ class DirectoryStore:
         buffers: Sequence[PageBuffer],
         deadline: float | None,
         one: Callable[[StoreKey, str, PageBuffer], StoreStatus],
+        spreader: Spreader,
     ) -> list[StoreStatus]:
-        """``one`` per page, spread over ``io_threads`` threads; FATAL once closed, TRANSIENT
+        """``one`` per page, spread over the ``spreader``'s threads; FATAL once closed, TRANSIENT
         once the deadline has passed. Afterwards the pages that answered OK are the most
         recently used, in the batch's order (as if they had run one after another)."""
         check_batch(keys, buffers)
@@ -247,7 +249,7 @@ class DirectoryStore:
             name = names[i] = object_name(keys[i])
             return one(keys[i], name, buffers[i])
 
-        out = self._spreader.run(len(keys), page)
+        out = spreader.run(len(keys), page)
         if len(keys) > 1:
             with self._lock:
                 for name, status in zip(names, out, strict=True):
@@ -296,7 +298,7 @@ class DirectoryStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        return self._batch(keys, buffers, deadline, self._put_one)
+        return self._batch(keys, buffers, deadline, self._put_one, self._writers)
 
     def _put_one(self, key: StoreKey, name: str, buffer: PageBuffer) -> StoreStatus:
         segments = flat_segments(buffer)
@@ -386,7 +388,8 @@ class DirectoryStore:
         if self._closed:
             return
         self._closed = True
-        self._spreader.close()  # pages in flight on helper threads finish first
+        self._readers.close()  # pages in flight on helper threads finish first
+        self._writers.close()
         if self._owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
