@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache.adapters.storage import DirectorySettings, DirectoryStore
+from hicache.adapters.storage import DirectorySettings, DirectoryStore, object_name
 from hicache.adapters.storage.format import HEADER_SPAN
 from hicache.adapters.storage.spread import Spreader
 from hicache.domain.storage import StoreStatus
@@ -142,3 +142,26 @@ def test_closing_a_store_answers_fatal_for_a_batch_begun_later(tmp_path: Path) -
     store.put([key(1)], [page(4096)])
     store.close()
     assert store.get([key(1), key(1)], [empty(4096), empty(4096)]) == [StoreStatus.FATAL] * 2
+
+
+def test_a_damaged_page_in_a_spread_get_is_a_miss_and_the_others_read_whole(
+    tmp_path: Path,
+) -> None:
+    size = 300_000  # several 256 KiB read chunks per page
+    store = DirectoryStore(DirectorySettings(root=tmp_path, read_threads=3))
+    keys = [key(i) for i in range(8)]
+    assert store.put(keys, [page(size, i) for i in range(8)]) == [StoreStatus.OK] * 8
+    damaged = tmp_path / object_name(keys[5])[:2] / f"{object_name(keys[5])}.obj"
+    with open(damaged, "r+b") as f:  # one byte deep in the payload's second chunk
+        f.seek(HEADER_SPAN + 270_001)
+        byte = f.read(1)[0]
+        f.seek(HEADER_SPAN + 270_001)
+        f.write(bytes([byte ^ 0x40]))
+    dst = [empty(size) for _ in range(8)]
+    want = [StoreStatus.OK] * 8
+    want[5] = StoreStatus.MISS
+    assert store.get(keys, dst) == want
+    assert not damaged.exists()
+    for i in (0, 1, 2, 3, 4, 6, 7):
+        assert joined(dst[i]) == joined(page(size, i))
+    store.close()
