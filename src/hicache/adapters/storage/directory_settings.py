@@ -110,8 +110,7 @@ class DirectorySettings:
     # Threads a get (read_threads) or a put (write_threads) of several pages spreads them over,
     # the caller's thread counting as one. The payload I/O runs with the GIL released, so two
     # threads read on two cores; puts stay on one by default, because on the development VM
-    # two writing threads measured no faster than one (the kernel's page-cache allocation for
-    # new files does not scale there; docs/storage.md).
+    # two writing threads measured no faster than one (docs/storage.md, "Measured").
     read_threads: int = attrs.field(default=2, validator=_threads)
     write_threads: int = attrs.field(default=1, validator=_threads)
 
