@@ -85,6 +85,35 @@ def test_a_helpers_error_is_raised_on_the_caller_and_stops_the_batch() -> None:
     assert ran == [1]  # nothing was handed out after the failure
 
 
+def test_an_interrupted_caller_hands_out_no_more_jobs_and_waits_for_the_helpers() -> None:
+    in_helper = threading.Event()
+    raising = threading.Event()
+    caller = threading.get_ident()
+    ran: list[int] = []
+    finished = threading.Event()
+
+    def job(i: int) -> int:
+        ran.append(i)
+        if threading.get_ident() == caller:
+            assert in_helper.wait(10)
+            raising.set()
+            raise KeyboardInterrupt  # what Ctrl-C raises on the main thread
+        in_helper.set()
+        assert raising.wait(10)
+        time.sleep(0.5)  # the caller's interruption reaches the batch meanwhile
+        finished.set()
+        return i
+
+    spreader = Spreader(2, name="t")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            spreader.run(40, job)
+        assert finished.is_set()
+    finally:
+        spreader.close()
+    assert sorted(ran) == [0, 1]  # one job each, then nothing more was taken
+
+
 def test_after_close_the_caller_still_runs_every_job() -> None:
     spreader = Spreader(3, name="t")
     spreader.close()

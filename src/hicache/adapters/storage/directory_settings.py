@@ -1,7 +1,8 @@
 """The settings of a DirectoryStore, from code or from a storage extra config.
 
 - DirectorySettings: root, capacity cap, fsync, checksum, default timeout, stale temp age, I/O
-  threads per get and per put; ``from_config`` parses a storage extra config (unknown keys are a ConfigError).
+  threads per get and per put; ``from_config`` parses a storage extra config (unknown keys are
+  a ConfigError).
 
 A bad value is a ConfigError that names the field and what was expected; nothing is rewritten.
 """

@@ -45,7 +45,7 @@ class _Batch(Generic[T]):
             self._next += 1
             return i
 
-    def _fail(self, e: BaseException) -> None:
+    def fail(self, e: BaseException) -> None:
         with self._lock:
             if self.error is None:
                 self.error = e
@@ -56,13 +56,26 @@ class _Batch(Generic[T]):
             while (i := self._take()) is not None:
                 self.out[i] = self.job(i)
         except BaseException as e:
-            self._fail(e)
+            self.fail(e)
             raise
 
     def help(self) -> None:
         """A helper's loop: the same, but an error is kept for the caller, never raised."""
         with contextlib.suppress(BaseException):  # kept in self.error; the caller raises it
             self.work()
+
+
+def _submit(
+    pool: concurrent.futures.ThreadPoolExecutor,
+    batch: _Batch[T],
+    helpers: int,
+    futures: list[concurrent.futures.Future[None]],
+) -> None:
+    """Start up to ``helpers`` helper loops on ``pool``, each added to ``futures`` at once (so
+    an interruption midway leaves none untracked); fewer once ``pool`` is shut down."""
+    with contextlib.suppress(RuntimeError):  # shut down by close(): the caller does the rest
+        # extend appends each future as it is made: one raised midway leaves the others kept
+        futures.extend(pool.submit(batch.help) for _ in range(helpers))
 
 
 class Spreader:
@@ -95,11 +108,11 @@ class Spreader:
         futures: list[concurrent.futures.Future[None]] = []
         try:
             if pool is not None:
-                try:
-                    futures = [pool.submit(batch.help) for _ in range(helpers)]
-                except RuntimeError:  # shut down by close() meanwhile: the caller does it all
-                    futures = []
+                _submit(pool, batch, helpers, futures)
             batch.work()
+        except BaseException as e:  # also an interruption before work(): helpers take no more
+            batch.fail(e)
+            raise
         finally:
             for f in futures:
                 f.cancel()  # not started yet: nothing to wait for
