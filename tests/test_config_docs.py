@@ -78,12 +78,15 @@ def test_directory_settings_rows_match_the_code() -> None:
         "checksum": "blocksum64",
         "timeout_s": "None",
         "stale_tmp_s": "600",
+        "read_threads": "2",
+        "write_threads": "1",
     }
     fields = attrs.fields_dict(DirectorySettings)
     assert set(fields) == set(expected)
     assert fields["checksum"].default.name.lower() == "blocksum64"
     assert fields["fsync"].default is False
     assert fields["stale_tmp_s"].default == 600
+    assert (fields["read_threads"].default, fields["write_threads"].default) == (2, 1)
     for name, shown in expected.items():
         assert shown in rows[name][0], (name, rows[name])
 

@@ -95,6 +95,10 @@ def test_store_port_calls_with_wrong_types_are_config_errors(
         ("timeout_s", math.nan, "positive finite number"),
         ("timeout_s", math.inf, "positive finite number"),
         ("stale_tmp_s", math.nan, "finite number >= 0"),
+        ("read_threads", 0, r"read_threads must be a whole number in \[1, 64\], got 0"),
+        ("read_threads", 65, "whole number in"),
+        ("write_threads", 2.0, "write_threads must be a whole number in"),
+        ("write_threads", True, "whole number in"),
     ],
 )
 def test_directory_settings_refuse_invalid_numbers_and_paths(

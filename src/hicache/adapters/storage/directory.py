@@ -41,6 +41,7 @@ from hicache.adapters.storage.object_file import (
     read_object,
     write_object,
 )
+from hicache.adapters.storage.spread import Spreader
 from hicache.domain import StoreError
 from hicache.domain.storage import (
     PageBuffer,
@@ -82,6 +83,8 @@ class DirectoryStore:
         self._used = 0
         self._pending = 0
         self._closed = False
+        self._readers = Spreader(self.settings.read_threads, name="hicache-directory-get")
+        self._writers = Spreader(self.settings.write_threads, name="hicache-directory-put")
         self._scan()
 
     @classmethod
@@ -220,33 +223,44 @@ class DirectoryStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        return self._batch(keys, buffers, deadline, self._get_one)
+        return self._batch(keys, buffers, deadline, self._get_one, self._readers)
 
     def _batch(
         self,
         keys: Sequence[StoreKey],
         buffers: Sequence[PageBuffer],
         deadline: float | None,
-        one: Callable[[StoreKey, PageBuffer], StoreStatus],
+        one: Callable[[StoreKey, str, PageBuffer], StoreStatus],
+        spreader: Spreader,
     ) -> list[StoreStatus]:
-        """``one`` per page in order; FATAL once closed, TRANSIENT once the deadline has passed."""
+        """``one`` per page, spread over the ``spreader``'s threads; FATAL once closed, TRANSIENT
+        once the deadline has passed. Afterwards the pages that answered OK are the most
+        recently used, in the batch's order (as if they had run one after another)."""
         check_batch(keys, buffers)
         deadline = self._deadline(deadline)
-        out = []
-        for key, buffer in zip(keys, buffers, strict=True):
+
+        names: list[str | None] = [None] * len(keys)
+
+        def page(i: int) -> StoreStatus:
             if self._closed:
-                out.append(StoreStatus.FATAL)
-            elif deadline is not None and time.monotonic() >= deadline:
-                out.append(StoreStatus.TRANSIENT)
-            else:
-                out.append(one(key, buffer))
+                return StoreStatus.FATAL
+            if deadline is not None and time.monotonic() >= deadline:
+                return StoreStatus.TRANSIENT
+            name = names[i] = object_name(keys[i])
+            return one(keys[i], name, buffers[i])
+
+        out = spreader.run(len(keys), page)
+        if len(keys) > 1:
+            with self._lock:
+                for name, status in zip(names, out, strict=True):
+                    if status is StoreStatus.OK and name is not None and name in self._index:
+                        self._index.move_to_end(name)
         return out
 
-    def _get_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
+    def _get_one(self, key: StoreKey, name: str, buffer: PageBuffer) -> StoreStatus:
         segments = flat_segments(buffer)
         if segments is None:
             return StoreStatus.INVALID
-        name = object_name(key)
         path = self._path(name)
         try:
             fd = open_object(path)
@@ -284,13 +298,12 @@ class DirectoryStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        return self._batch(keys, buffers, deadline, self._put_one)
+        return self._batch(keys, buffers, deadline, self._put_one, self._writers)
 
-    def _put_one(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
+    def _put_one(self, key: StoreKey, name: str, buffer: PageBuffer) -> StoreStatus:
         segments = flat_segments(buffer)
         if segments is None:
             return StoreStatus.INVALID
-        name = object_name(key)
         path = self._path(name)
         size = HEADER_SPAN + buffer_nbytes(segments)
         cap = self.settings.capacity_bytes
@@ -329,9 +342,13 @@ class DirectoryStore:
         """Write the object to a fresh temporary file in its directory; it and OK, or a status."""
         folder = self._dir(name)
         tmp = f"{folder}/{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        write = self.settings.checksum, self.settings.fsync
         try:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            write_object(tmp, key, segments, self.settings.checksum, fsync=self.settings.fsync)
+            try:
+                write_object(tmp, key, segments, write[0], fsync=write[1])
+            except FileNotFoundError:  # the fan-out folder is not made yet (or was removed)
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+                write_object(tmp, key, segments, write[0], fsync=write[1])
         except OSError as e:
             return failed_status(e), None
         return StoreStatus.OK, tmp
@@ -371,6 +388,8 @@ class DirectoryStore:
         if self._closed:
             return
         self._closed = True
+        self._readers.close()  # pages in flight on helper threads finish first
+        self._writers.close()
         if self._owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
 

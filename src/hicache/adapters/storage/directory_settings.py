@@ -1,7 +1,8 @@
 """The settings of a DirectoryStore, from code or from a storage extra config.
 
-- DirectorySettings: root, capacity cap, fsync, checksum, default timeout, stale temp age;
-  ``from_config`` parses a storage extra config (unknown keys are a ConfigError).
+- DirectorySettings: root, capacity cap, fsync, checksum, default timeout, stale temp age, I/O
+  threads per get and per put; ``from_config`` parses a storage extra config (unknown keys are
+  a ConfigError).
 
 A bad value is a ConfigError that names the field and what was expected; nothing is rewritten.
 """
@@ -19,7 +20,17 @@ from hicache.adapters.storage.checksum import Checksum
 from hicache.domain import ConfigError
 from hicache.domain.limits import MAX_BYTES
 
-_KEYS = ("root", "capacity_bytes", "fsync", "checksum", "timeout_s", "stale_tmp_s")
+_KEYS = (
+    "root",
+    "capacity_bytes",
+    "fsync",
+    "checksum",
+    "timeout_s",
+    "stale_tmp_s",
+    "read_threads",
+    "write_threads",
+)
+MAX_THREADS = 64
 # Keys of a storage extra config that other readers own (host memory, plug-in dispatch).
 _OTHERS = frozenset({"allocator", "backend_name", "module_path", "class_name"})
 
@@ -65,6 +76,14 @@ def _bool(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
         raise ConfigError(f"directory store {attr.name} must be true or false, got {value!r}")
 
 
+def _threads(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        raise ConfigError(
+            f"directory store {attr.name} must be a whole number in [1, {MAX_THREADS}], "
+            f"got {value!r}"
+        )
+
+
 def _root(value: object) -> Path | None:
     if value is None or isinstance(value, Path):
         return value
@@ -89,6 +108,12 @@ class DirectorySettings:
     checksum: Checksum = attrs.field(default=Checksum.BLOCKSUM64, converter=_checksum)
     timeout_s: float | None = attrs.field(default=None, validator=_optional_positive)
     stale_tmp_s: float = attrs.field(default=600.0, validator=_non_negative)
+    # Threads a get (read_threads) or a put (write_threads) of several pages spreads them over,
+    # the caller's thread counting as one. The payload I/O runs with the GIL released, so two
+    # threads read on two cores; puts stay on one by default, because on the development VM
+    # two writing threads measured no faster than one (docs/storage.md, "Measured").
+    read_threads: int = attrs.field(default=2, validator=_threads)
+    write_threads: int = attrs.field(default=1, validator=_threads)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DirectorySettings:

@@ -262,13 +262,23 @@ class NativeIo:
             )
         for fn in (lib.hs_read, lib.hs_write):
             fn.restype = _I
-            fn.argtypes = [ctypes.c_int, _I, _I, _P, _P, _I, _P, _P]
+            fn.argtypes = [
+                ctypes.c_int,
+                _I,
+                _I,
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.POINTER(ctypes.c_int64),
+                _I,
+                ctypes.POINTER(ctypes.c_uint64),
+                ctypes.POINTER(ctypes.c_int64),
+            ]
         self._read = lib.hs_read
         self._write = lib.hs_write
         lib.hs_select.restype = _I
         lib.hs_select.argtypes = [_I]
         self._select = lib.hs_select
         self.vector = bool(self._select(0))
+        self._local = threading.local()
 
     def portable(self, enabled: bool) -> None:
         """Sum with the portable loop (True) or the CPU's vector unit where it has one (the
@@ -288,33 +298,43 @@ class NativeIo:
         """Write ``segments`` to ``fd`` at ``offset``: (bytes written, blocksum64 digest)."""
         return self._run(self._write, fd, offset, segments, chunk)
 
-    @staticmethod
     def _run(
-        fn: ctypes._NamedFuncPointer, fd: int, offset: int, segs: list[memoryview], chunk: int
+        self, fn: ctypes._NamedFuncPointer, fd: int, offset: int, segs: list[memoryview], chunk: int
     ) -> tuple[int, int]:
         n = len(segs)
-        addrs = np.empty(n, dtype=np.uint64)
-        lens = np.empty(n, dtype=np.int64)
+        addrs = (ctypes.c_void_p * n)()
+        lens = (ctypes.c_int64 * n)()
+        keep: list[object] = []  # what holds each address valid until the call returns
         total = 0
         for i, seg in enumerate(segs):
-            addrs[i] = np.frombuffer(seg, dtype=np.uint8).ctypes.data if seg.nbytes else 0
+            addrs[i], owner = _address(seg)
+            keep.append(owner)
             lens[i] = seg.nbytes
             total += seg.nbytes
-        sums = np.empty(-(-total // BLOCK) + 1, dtype="<u8")
+        sums = self._sums(-(-total // BLOCK) + 1)
         count = ctypes.c_int64(0)
-        moved = fn(
-            fd,
-            offset,
-            n,
-            addrs.ctypes.data,
-            lens.ctypes.data,
-            chunk,
-            sums.ctypes.data,
-            ctypes.addressof(count),
-        )
+        moved = fn(fd, offset, n, addrs, lens, chunk, sums, ctypes.byref(count))
         if moved < 0:
             raise OSError(-moved, os.strerror(-moved))
-        return int(moved), zlib.crc32(sums[: count.value].data) & 0xFFFFFFFF
+        return int(moved), zlib.crc32(memoryview(sums).cast("B")[: 8 * count.value]) & 0xFFFFFFFF
+
+    def _sums(self, n: int) -> ctypes.Array[ctypes.c_uint64]:
+        """This thread's array for ``n`` block sums (kept between calls: no allocation per page)."""
+        have: ctypes.Array[ctypes.c_uint64] | None = getattr(self._local, "sums", None)
+        if have is None or len(have) < n:
+            have = self._local.sums = (ctypes.c_uint64 * max(n, 1025))()
+        return have
+
+
+def _address(seg: memoryview) -> tuple[int | None, object]:
+    """The address of a flat byte view's first byte, and the object that keeps it valid."""
+    if not seg.nbytes:
+        return None, None
+    if not seg.readonly:
+        ref = ctypes.c_char.from_buffer(seg)  # no copy: a pointer into the buffer
+        return ctypes.addressof(ref), ref
+    arr = np.frombuffer(seg, dtype=np.uint8)  # read-only (a put from immutable bytes)
+    return arr.ctypes.data, arr
 
 
 _lock = threading.Lock()

@@ -138,7 +138,12 @@ def _native(checksum: Checksum) -> NativeIo | None:
     (``use_native_io(False)``) or cannot be built here."""
     if checksum is not Checksum.BLOCKSUM64 or not _use_native[0]:
         return None
-    return native_io()[0]
+    if not _loaded:
+        _loaded.append(native_io()[0])  # built (or found unavailable) once per process
+    return _loaded[0]
+
+
+_loaded: list[NativeIo | None] = []
 
 
 _use_native = [True]
