@@ -3,7 +3,9 @@
 - KEYS_SOURCE: the C source (SHA-256 written from FIPS 180-4, with an SHA-NI path on x86-64
   CPUs that have it, chosen at run time by cpuid; a portable path elsewhere).
 - NativeKeys: the loaded library; ``chain(packed, page_bytes, prior)`` returns the keys of every
-  full page, the GIL released during the hashing; ``accelerated`` says whether SHA-NI is used.
+  full page, ``blob(...)`` the same keys joined into one bytes object (what
+  hicache.domain.keys.key_chain holds), the GIL released during the hashing; ``accelerated``
+  says whether SHA-NI is used.
 - load_native_keys: build (once per source, compiler and platform, in the same cache folder as
   the native memcpy helper: hicache.adapters.copy.native) and load; NativeBuildError says why not.
 - install_native_keys: load it and hand it to hicache.domain.keys.set_chain_hasher, which checks
@@ -209,11 +211,20 @@ class NativeKeys:
         n = len(packed) // page_bytes
         if n == 0:
             return []
+        # One C-level split into n bytes objects (a Python slice loop costs about twice as much).
+        return list(struct.unpack(_KEY_FMT * n, self.blob(packed, page_bytes, prior, portable=portable)))
+
+    def blob(
+        self, packed: bytes, page_bytes: int, prior: bytes | None, *, portable: bool = False
+    ) -> bytes:
+        """The same keys joined into one bytes object (no bytes object per key)."""
+        n = len(packed) // page_bytes
+        if n == 0:
+            return b""
         out = ctypes.create_string_buffer(n * KEY_BYTES)
         scratch = ctypes.create_string_buffer(page_bytes + 128)
         self._fn(prior, packed, n, page_bytes, out, scratch, int(portable))
-        # One C-level split into n bytes objects (a Python slice loop costs about twice as much).
-        return list(struct.unpack(_KEY_FMT * n, out.raw))
+        return out.raw
 
     def __call__(self, packed: bytes, page_bytes: int, prior: bytes | None) -> list[bytes]:
         return self.chain(packed, page_bytes, prior)

@@ -1,7 +1,8 @@
 """The prefix index's per-key record and what is computed over all records (pure).
 
 - PageRecord: one page key's state in the index: placements per tier, pins, the transfer
-  reserving each tier, the pool an eviction drops after its copy-down, LRU stamps, hits.
+  reserving each tier, the pool an eviction drops after its copy-down, LRU stamps, hits, and
+  the record before it in a chain of keys (a link match follows and checks).
 - count_pages(records, tickets, evictions): the IndexStats of a set of records.
 - destination_refusal(page, kind, dest, anchor): why a transfer may not reserve ``dest`` on its
   destination tier for this page (None: it may); a destination without the anchor is a fill,
@@ -26,10 +27,14 @@ _TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
 class PageRecord:
     """One page key's state in the index (mutable; owned by one PrefixIndex)."""
 
-    __slots__ = ("at", "evicting", "hits", "key", "pending", "pins", "stamp")
+    __slots__ = ("at", "evicting", "hits", "key", "parent", "pending", "pins", "stamp")
 
     def __init__(self, key: bytes, slots: int) -> None:
         self.key = key
+        # The record of the page before this one in the last chain of keys that named it (a
+        # hint for PrefixIndex.match, which checks every record it reaches through it); None
+        # when unknown. A record that leaves the index drops its own link.
+        self.parent: PageRecord | None = None
         self.stamp = [0] * slots  # LRU tick per (cached tier, owning pool); 0: not evictable
         self.at: list[dict[PoolName, int] | None] = [None, None, None]
         self.pins = [0, 0, 0]

@@ -3,7 +3,8 @@
 - CACHED_TIERS: the tiers whose pages the index evicts (DEVICE, HOST).
 - IndexState(rules, writes): the records by page key, the LRU slot per (cached tier, owning
   pool), the transfers in flight and the eviction counts; the base of PrefixIndex.
-- _page(key): the record of a key the index knows (CacheStateError otherwise).
+- _page(key): the record of a key the index knows (CacheStateError otherwise); _forget(page)
+  removes one that holds nothing.
 - _has(page, tier, pool): whether a page has ``pool`` on ``tier`` (a pool that follows the
   anchor: the anchor's placement on DEVICE / HOST).
 - _evictable / _lru_add / _lru_remove / _touch: LRU stamps of unpinned, settled pages (the
@@ -25,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.index_pages import HolderKey, PageRecord
+from hicache.domain.keys import KeyChain
 from hicache.domain.lru import TickLru
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Freed, PageOp, Placement, Ticket, Tier, WriteSettings
@@ -65,6 +67,16 @@ class IndexState:
         if page is None:
             raise CacheStateError(f"page {key.hex()[:16]}… is not in the index")
         return page
+
+    def _before(self, keys: Sequence[bytes]) -> PageRecord | None:
+        """The record of the key before ``keys[0]``, when ``keys`` is a KeyChain that names it."""
+        prior = keys.prior if isinstance(keys, KeyChain) else None
+        return None if prior is None else self._pages.get(prior)
+
+    def _forget(self, page: PageRecord) -> None:
+        """Remove a record from the index (it holds nothing now) and drop its chain link."""
+        del self._pages[page.key]
+        page.parent = None
 
     def _has(self, page: PageRecord, tier: int, pool: PoolName) -> bool:
         at = page.at[tier]

@@ -106,7 +106,7 @@ class IndexTransfers(IndexState):
             return self._new_ticket(OpKind.PREFETCH, [self._pages[k] for k in keys], dests)
         except BaseException:
             for k in fresh:
-                del self._pages[k]
+                self._forget(self._pages[k])
             raise
 
     def prepare_store(self, keys: Sequence[bytes]) -> Ticket:
@@ -160,7 +160,7 @@ class IndexTransfers(IndexState):
                 elif page.pins[src] == 0:
                     self._lru_add(page, src)
             if page.idle():
-                del self._pages[key]
+                self._forget(page)
         if arrived and dst != Tier.STORAGE:
             self._touch(arrived)
         store = self._wanted(arrived, Tier.STORAGE) if dst == Tier.HOST else ()

@@ -32,7 +32,8 @@ checkpoint nearest the deepest boundary stay longest).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import pairwise
 from typing import cast
 
 from hicache.domain.errors import CacheStateError, ConfigError
@@ -40,6 +41,7 @@ from hicache.domain.hybrid import usable_boundary
 from hicache.domain.index_pages import PageRecord, check_invariants, count_pages
 from hicache.domain.index_state import CACHED_TIERS
 from hicache.domain.index_transfers import IndexTransfers
+from hicache.domain.keys import KeyChain
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import (
     NO_ACTIONS,
@@ -78,6 +80,70 @@ def _single_pool_boundaries(
         append(p)
         p = next(found, None)
     return dev, host, len(pages)
+
+
+def _chain_boundaries(
+    get: Callable[[bytes], PageRecord | None], keys: Sequence[bytes]
+) -> tuple[int, int, int, list[PageRecord]] | None:
+    """(device, host, storage) leading counts of ``keys`` and the records of the first
+    ``storage`` keys (last first) in O(log n) lookups, or None when the chain links do not
+    give them (the caller walks the keys then).
+
+    A binary search finds a ``storage`` whose last key is on some tier and whose next key
+    (if any) is on none; the records before it are reached from that last one through their
+    ``parent`` links. The answer stands only if every record reached is on some tier (so it is
+    the index's live record of its key) and their keys are exactly the first ``storage`` keys:
+    then no key before ``storage`` is off every tier, which makes it the leading count, and the
+    device and host counts are read off the records. Anything else (a hole, a missing or stale
+    link, keys of another chain) returns None.
+    """
+    lo, hi = 0, len(keys)
+    tail: PageRecord | None = None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        p = get(keys[mid])
+        if p is not None and any(p.at):
+            lo, tail = mid + 1, p
+        else:
+            hi = mid
+    sto = lo
+    if tail is None:
+        return (0, 0, 0, []) if sto == 0 else None
+    out: list[PageRecord] = []
+    append = out.append
+    dev = host = sto
+    r: PageRecord | None = tail
+    for pos in range(sto - 1, -1, -1):
+        if r is None:
+            return None
+        at = r.at
+        if at[0] is None:
+            dev = pos
+            if at[1] is None:
+                host = pos
+                if at[2] is None:
+                    return None
+        append(r)
+        r = r.parent
+    if not _keys_are(keys, sto, out):
+        return None
+    return dev, host, sto, out
+
+
+def _keys_are(keys: Sequence[bytes], n: int, last_first: list[PageRecord]) -> bool:
+    """Whether the records ``last_first`` (in reverse order) carry exactly ``keys[:n]``."""
+    got = [r.key for r in last_first]
+    got.reverse()
+    if isinstance(keys, KeyChain):
+        return keys.starts_with(got)
+    return got == list(keys[:n])
+
+
+def _link(pages: list[PageRecord]) -> None:
+    """Link each record to the one before it (the walk just found them in this order)."""
+    for prev, page in pairwise(pages):
+        if page.parent is not prev:
+            page.parent = prev
 
 
 class PrefixIndex(IndexTransfers):
@@ -119,11 +185,17 @@ class PrefixIndex(IndexTransfers):
         pages: list[PageRecord] = []
         get = self._pages.get
         if len(self.rules.rules) == 1:
-            # One pool: a page is usable on a tier iff it has a placement there. One pass looks
-            # each page up and checks it while its record is in cache (a long prompt's records
-            # do not all fit: a second pass over them missed again, the larger part of a
-            # 131,072-page match). Pages past the storage boundary are not needed.
-            dev, host, sto = _single_pool_boundaries(map(get, keys), pages)
+            # One pool: a page is usable on a tier iff it has a placement there. The chain
+            # links give the records in O(log n) lookups when they hold (checked); otherwise
+            # one pass looks each page up and checks it while its record is in cache. Pages
+            # past the storage boundary are not needed.
+            found = _chain_boundaries(get, keys)
+            if found is not None:
+                dev, host, sto, pages = found
+                pages.reverse()
+            else:
+                dev, host, sto = _single_pool_boundaries(map(get, keys), pages)
+                _link(pages)
         else:
             for k in keys:
                 p = get(k)
@@ -142,7 +214,7 @@ class PrefixIndex(IndexTransfers):
         if touch and host:
             self._touch(pages[:host])
         return Match(
-            keys=tuple(keys[:sto]),
+            keys=keys[:sto] if isinstance(keys, KeyChain) else tuple(keys[:sto]),
             page_size=self.rules.page_size,
             device_pages=dev,
             host_pages=max(dev, host),
@@ -180,10 +252,14 @@ class PrefixIndex(IndexTransfers):
         free: list[Freed] = []
         touched: list[PageRecord] = []
         dev = Tier.DEVICE
+        prev = self._before(keys)
         for key, where in zip(keys, checked, strict=True):
             page = self._pages.get(key)
             if page is None:
                 page = self._pages[key] = PageRecord(key, self._slots)
+            if prev is not None:
+                page.parent = prev
+            prev = page
             page.hits += 1
             have = page.at[dev]
             if have is None and not page.pending[dev]:
@@ -285,7 +361,7 @@ class PrefixIndex(IndexTransfers):
                 continue
             free.extend(self._drop(page, tier, scope))
             if page.idle():
-                del self._pages[key]
+                self._forget(page)
         ops = tuple(copy)
         if tier is Tier.DEVICE:
             return Actions(backup=ops, free=tuple(free), evicted=taken)
@@ -306,7 +382,7 @@ class PrefixIndex(IndexTransfers):
                 p.evicting[tier] = None
             free.extend(self._drop(p, tier, self._anchor if pool is None else pool))
             if p.idle():
-                del self._pages[p.key]
+                self._forget(p)
         return Actions(free=tuple(free))
 
     # ---- inspection ----------------------------------------------------------------------------

@@ -173,10 +173,11 @@ class Match:
     """How many leading pages each tier can restore at the hybrid-consistent boundary.
 
     Cumulative: ``host_pages`` counts pages restorable from device or host, ``storage_pages``
-    from any tier, so device_pages <= host_pages <= storage_pages <= len(keys).
+    from any tier, so device_pages <= host_pages <= storage_pages <= len(keys). ``keys``: the
+    first ``storage_pages`` keys matched, a tuple (a KeyChain when the match was given one).
     """
 
-    keys: tuple[bytes, ...]
+    keys: Sequence[bytes]
     page_size: int
     device_pages: int
     host_pages: int
