@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from hicache.domain.errors import CacheStateError
 from hicache.domain.lru import TickLru
@@ -35,7 +36,9 @@ class PageRecord:
         # hint for PrefixIndex.match, which checks every record it reaches through it); None
         # when unknown. A record that leaves the index drops its own link.
         self.parent: PageRecord | None = None
-        self.stamp = [0] * slots  # LRU tick per (cached tier, owning pool); 0: not evictable
+        # Per (cached tier, owning pool): the LRU run of its latest touch (hicache.domain.lru);
+        # 0: not evictable there.
+        self.stamp: list[Any] = [0] * slots
         self.at: list[dict[PoolName, int] | None] = [None, None, None]
         self.pins = [0, 0, 0]
         self.pending = [0, 0, 0]  # ticket id reserving this tier as a destination
