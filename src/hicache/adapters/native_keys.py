@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import struct
 from pathlib import Path
+from typing import cast
 
 from hicache.adapters.copy.native import NativeBuildError, load_helper
 from hicache.domain.keys import KEY_BYTES, set_chain_hasher
@@ -190,6 +191,12 @@ int64_t hk_chain(const uint8_t *prior, const uint8_t *data, int64_t n, int64_t p
 """
 
 _KEY_FMT = f"{KEY_BYTES}s"
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_new_bytes.restype = ctypes.py_object
+_new_bytes.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+_bytes_at = ctypes.pythonapi.PyBytes_AsString
+_bytes_at.restype = ctypes.c_void_p
+_bytes_at.argtypes = [ctypes.py_object]
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
@@ -232,10 +239,12 @@ class NativeKeys:
         n = len(packed) // page_bytes
         if n == 0:
             return b""
-        out = ctypes.create_string_buffer(n * KEY_BYTES)
+        # A new bytes object the C chain fills before anything else sees it (the C API's own
+        # way to build one: PyBytes_FromStringAndSize(NULL, size)); no buffer copied after.
+        out = _new_bytes(None, n * KEY_BYTES)
         scratch = ctypes.create_string_buffer(page_bytes + 128)
-        self._fn(prior, packed, n, page_bytes, out, scratch, int(portable))
-        return out.raw
+        self._fn(prior, packed, n, page_bytes, _bytes_at(out), scratch, int(portable))
+        return cast("bytes", out)
 
     def __call__(self, packed: bytes, page_bytes: int, prior: bytes | None) -> list[bytes]:
         return self.chain(packed, page_bytes, prior)

@@ -41,6 +41,7 @@ KEY_BYTES = 32
 
 # The array typecode whose items are 4 bytes on this platform ('I' almost everywhere).
 _FMT = f"{KEY_BYTES}s"
+_COMPARE_KEYS = 2048  # keys per piece when KeyChain.starts_with compares
 _U32 = next(code for code in ("I", "L", "H") if array(code).itemsize == 4)
 _SWAP = sys.byteorder != "little"
 _sha256 = hashlib.sha256
@@ -214,7 +215,15 @@ class KeyChain(Sequence[PageKey]):
         n = len(keys)
         if n > self._n:
             return False
-        return b"".join(keys) == self._blob[self._off : self._off + n * KEY_BYTES]
+        # In pieces of 64 KiB: no temporary as large as a long prompt's keys (4 MiB at 131,072
+        # pages), whose fresh pages cost more than the comparison.
+        blob, off, step = self._blob, self._off, _COMPARE_KEYS
+        for i in range(0, n, step):
+            piece = keys[i : i + step]
+            at = off + i * KEY_BYTES
+            if b"".join(piece) != blob[at : at + len(piece) * KEY_BYTES]:
+                return False
+        return True
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, KeyChain):
