@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from hicache.domain.errors import CacheStateError
@@ -23,6 +23,10 @@ from hicache.domain.pools import PoolName
 from hicache.domain.tiers import IndexStats, OpKind, PerTier, Placement, Ticket, Tier
 
 _TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
+
+
+_NO_TICKETS = (0, 0, 0)
+_NO_SCOPES = (None, None, None)
 
 
 class PageRecord:
@@ -41,9 +45,26 @@ class PageRecord:
         self.stamp: list[Any] = [0] * slots
         self.at: list[dict[PoolName, int] | None] = [None, None, None]
         self.pins = [0, 0, 0]
-        self.pending = [0, 0, 0]  # ticket id reserving this tier as a destination
-        self.evicting: list[PoolName | None] = [None, None, None]  # drop scope after copy-down
+        # Ticket id reserving each tier as a destination, and the drop scope after a copy-down:
+        # shared "none" tuples until a transfer or an eviction sets one (set_pending /
+        # set_evicting), so a new page costs two objects fewer to make and to collect.
+        self.pending: Sequence[int] = _NO_TICKETS
+        self.evicting: Sequence[PoolName | None] = _NO_SCOPES
         self.hits = 0
+
+    def set_pending(self, tier: int, ticket: int) -> None:
+        pending = self.pending
+        if type(pending) is not list:
+            pending = self.pending = list(pending)
+        pending[tier] = ticket
+
+    def set_evicting(self, tier: int, scope: PoolName | None) -> None:
+        evicting = self.evicting
+        if type(evicting) is not list:
+            if scope is None and evicting[tier] is None:
+                return
+            evicting = self.evicting = list(evicting)
+        evicting[tier] = scope
 
     def idle(self) -> bool:
         return not any(self.at) and not any(self.pending)

@@ -142,8 +142,13 @@ class IndexState:
             if admits:
 
                 def admit(p: PageRecord, tier: int = tier, pool: PoolName = pool) -> bool:
-                    at = p.at[tier]
-                    return at is not None and pool in at and self._evictable(p, tier)
+                    at = p.at[tier]  # _evictable, inline: an insert asks this per new page
+                    return (
+                        at is not None
+                        and pool in at
+                        and not p.pins[tier]
+                        and p.evicting[tier] is None
+                    )
 
             self._lru.touch(seq, slot, admit)
 

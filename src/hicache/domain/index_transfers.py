@@ -67,7 +67,7 @@ class IndexTransfers(IndexState):
         )
         self._next_ticket += 1
         for p, dest in zip(pages, dests, strict=True):
-            p.pending[dst] = ticket.id
+            p.set_pending(dst, ticket.id)
             self._hold(dst, p.key, dest)
             if self._anchor not in dest:  # a fill: keep the copy it completes where it is
                 p.pins[dst] += 1
@@ -132,7 +132,7 @@ class IndexTransfers(IndexState):
         arrived: list[PageRecord] = []
         for key, dest, good in zip(ticket.keys, ticket.dests, flags, strict=True):
             page = self._pages[key]
-            page.pending[dst] = 0
+            page.set_pending(dst, 0)
             fill = self._anchor not in dest
             if fill:
                 page.pins[dst] -= 1
@@ -153,7 +153,7 @@ class IndexTransfers(IndexState):
                 if scope is not None and ticket.kind in (OpKind.BACKUP, OpKind.STORE):
                     # The copy a write_back eviction waited for: drop the source now, unless a
                     # request pinned it meanwhile (then it stays and returns to the LRU on unpin).
-                    page.evicting[src] = None
+                    page.set_evicting(src, None)
                     if page.pins[src] == 0:
                         free.extend(self._drop(page, src, scope))
                     self._lru_add(page, src)  # what the eviction did not take (another pool's)

@@ -234,6 +234,53 @@ class PrefixIndex(IndexTransfers):
         checked = [self._check_placement(w, "insert") for w in placements]
         # Every check before anything changes: a refused insert leaves the index as it was.
         held = self._held[Tier.DEVICE]
+        single = len(self._owners) == 1  # every placement is {anchor: id}
+        anchor_ids = held[self._anchor._value_]
+        pids: list[int] = [w[self._anchor] for w in checked] if single else []
+        if not single or (
+            # One pool: the whole check in C-level passes when no id is held or named twice
+            # (the common case); otherwise the per-page pass below names the culprit.
+            len(set(pids)) != len(pids) or list(map(anchor_ids.get, pids)).count(None) != len(pids)
+        ):
+            self._check_insert_ids(keys, checked)
+        free: list[Freed] = []
+        touched: list[PageRecord] = []
+        dev = Tier.DEVICE
+        prev = self._before(keys)
+        get = self._pages.get
+        for key, where, pid in zip(keys, checked, pids if single else checked, strict=True):
+            page = get(key)
+            if page is None:
+                page = self._pages[key] = PageRecord(key, self._slots)
+            if prev is not None:
+                page.parent = prev
+            prev = page
+            page.hits += 1
+            have = page.at[dev]
+            if have is None and not page.pending[dev]:
+                page.at[dev] = where  # stamped by the touch below, in LRU order
+                if single:
+                    anchor_ids[cast("int", pid)] = key
+                else:
+                    for pool, pid in where.items():
+                        held[pool._value_][pid] = key
+            else:
+                for pool, pid in where.items():
+                    # a load on its way (a whole page, or a fill of this copy) brings its own
+                    if have is None or pool in have or page.pending[dev]:
+                        free.append(Freed(dev, pool, pid))
+                    else:
+                        have[pool] = pid  # stamped by the touch below
+                        held[pool._value_][pid] = key
+            touched.append(page)
+        self._touch(touched, enter=True)
+        backup = self._wanted(touched, Tier.HOST)
+        store = self._wanted(touched, Tier.STORAGE)
+        return Actions(backup=backup, store=store, free=tuple(free))
+
+    def _check_insert_ids(self, keys: Sequence[bytes], checked: list[dict[PoolName, int]]) -> None:
+        """Refuse a device page id that holds another key, or one named for two pages."""
+        held = self._held[Tier.DEVICE]
         named: dict[str, dict[int, bytes]] = {}  # pool text -> id -> the key placed there
         for key, where in zip(keys, checked, strict=True):
             for pool, pid in where.items():
@@ -249,36 +296,6 @@ class PrefixIndex(IndexTransfers):
                         f"insert: device page {pid} of pool {pool.value!r} is named for two "
                         "pages of one request"
                     )
-        free: list[Freed] = []
-        touched: list[PageRecord] = []
-        dev = Tier.DEVICE
-        prev = self._before(keys)
-        for key, where in zip(keys, checked, strict=True):
-            page = self._pages.get(key)
-            if page is None:
-                page = self._pages[key] = PageRecord(key, self._slots)
-            if prev is not None:
-                page.parent = prev
-            prev = page
-            page.hits += 1
-            have = page.at[dev]
-            if have is None and not page.pending[dev]:
-                page.at[dev] = where  # stamped by the touch below, in LRU order
-                for pool, pid in where.items():
-                    held[pool._value_][pid] = key
-            else:
-                for pool, pid in where.items():
-                    # a load on its way (a whole page, or a fill of this copy) brings its own
-                    if have is None or pool in have or page.pending[dev]:
-                        free.append(Freed(dev, pool, pid))
-                    else:
-                        have[pool] = pid  # stamped by the touch below
-                        held[pool._value_][pid] = key
-            touched.append(page)
-        self._touch(touched, enter=True)
-        backup = self._wanted(touched, Tier.HOST)
-        store = self._wanted(touched, Tier.STORAGE)
-        return Actions(backup=backup, store=store, free=tuple(free))
 
     # ---- pins ------------------------------------------------------------------------------
 
@@ -355,7 +372,7 @@ class PrefixIndex(IndexTransfers):
                 and page.at[nxt] is None
                 and not page.pending[nxt]
             ):
-                page.evicting[tier] = scope
+                page.set_evicting(tier, scope)
                 self._lru_remove(page, tier)
                 copy.append(PageOp(key, dict(page.at[tier] or {})))
                 continue
@@ -379,7 +396,7 @@ class PrefixIndex(IndexTransfers):
         free: list[Freed] = []
         for p in pages:
             if pool is None:
-                p.evicting[tier] = None
+                p.set_evicting(tier, None)
             free.extend(self._drop(p, tier, self._anchor if pool is None else pool))
             if p.idle():
                 self._forget(p)
