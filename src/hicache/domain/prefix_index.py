@@ -19,7 +19,8 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
   victims are backed up first (their ids are freed by that backup's completion).
 - drop(tier, keys, pool=None): forget pages (or one pool's objects) on a tier now (e.g. a storage
   MISS); returns their ids to free.
-- placement(tier, key) / placements(tier, keys), statistics(), validate() (the page record,
+- placement(tier, key) / placements(tier, keys) / on_tier(tier, keys), statistics(), validate()
+  (the page record,
   the counts and the invariant checks are in hicache.domain.index_pages).
 
 LRU order: one TickLru slot per (tier, owning pool) (hicache.domain.lru). Pinned, in-flight
@@ -175,6 +176,10 @@ class PrefixIndex(IndexTransfers):
             at = page.at[tier] if page is not None else None
             append(dict(at) if at is not None else None)
         return out
+
+    def on_tier(self, tier: Tier, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key has a placement on ``tier`` (``placement`` without the copies)."""
+        return [p is not None and p.at[tier] is not None for p in map(self._pages.get, keys)]
 
     def pins(self, tier: Tier, key: bytes) -> int:
         page = self._pages.get(key)
