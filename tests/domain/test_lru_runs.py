@@ -81,3 +81,31 @@ def test_validate_catches_a_run_that_says_it_holds_no_item_while_one_is_there() 
     idx._lru._queues[0][-1].live = 0  # the broken case: eviction would skip these pages
     with pytest.raises(CacheStateError, match="lost track"):
         idx.validate()
+
+
+def popped(lru: TickLru[Item]) -> list[int]:
+    out = []
+    while (item := lru.pop_oldest(0)) is not None:
+        out.append(item.name)
+    return out
+
+
+def test_unstamp_all_equals_one_unstamp_per_item() -> None:
+    rng = random.Random(5)
+    for _ in range(50):
+        items = [Item(i) for i in range(20)]
+        twins = [Item(i) for i in range(20)]
+        a: TickLru[Item] = TickLru(1)
+        b: TickLru[Item] = TickLru(1)
+        for _ in range(5):
+            start = rng.randrange(20)
+            picks = list(range(start, min(20, start + rng.randrange(1, 12))))
+            a.touch([items[i] for i in picks], 0, lambda _it: True)
+            b.touch([twins[i] for i in picks], 0, lambda _it: True)
+        gone = [rng.randrange(20) for _ in range(rng.randrange(0, 25))]  # repeats included
+        a.unstamp_all([items[i] for i in gone], 0)
+        for i in gone:
+            b.unstamp(twins[i], 0)
+        counts_hold(a, items)
+        assert a.live(0) == b.live(0)
+        assert popped(a) == popped(b)

@@ -107,12 +107,13 @@ class IndexState:
         """``_lru_add`` of each page, in order, as one run per slot (a long prompt's unpin)."""
         if tier == Tier.STORAGE or not pages:
             return
-        evictable = self._evictable
         for pool in self._owners:
 
             def admit(p: PageRecord, pool: PoolName = pool) -> bool:
-                at = p.at[tier]
-                return at is not None and pool in at and evictable(p, tier)
+                at = p.at[tier]  # _evictable, inline: a long prompt's release asks it per page
+                return (
+                    at is not None and pool in at and not p.pins[tier] and p.evicting[tier] is None
+                )
 
             self._lru.touch(pages, self._slot[tier, pool], admit)
 
@@ -120,12 +121,8 @@ class IndexState:
         """``_lru_remove`` of each page (every owner pool's stamp on ``tier``)."""
         if tier == Tier.STORAGE:
             return
-        unstamp = self._lru.unstamp
         for pool in self._owners:
-            slot = self._slot[tier, pool]
-            for p in pages:
-                if p.stamp[slot]:
-                    unstamp(p, slot)
+            self._lru.unstamp_all(pages, self._slot[tier, pool])
 
     def _touch(self, pages: Sequence[PageRecord], *, enter: bool = False) -> None:
         """Make pages most recently used: the anchor's tail-first, trailing pools head-first.

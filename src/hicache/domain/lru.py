@@ -72,6 +72,27 @@ class TickLru(Generic[T]):
             item.stamp[slot] = 0
             self._live[slot] -= 1
 
+    def unstamp_all(self, items: Iterable[T], slot: int) -> None:
+        """``unstamp`` of every item (a long prompt's pin), counted off their runs in stretches."""
+        taken: list[T] = []
+        append = taken.append
+        left: _Run[T] | None = None
+        mark = 0
+        for item in items:
+            stamps = item.stamp
+            run = stamps[slot]
+            if not run:
+                continue
+            if run is not left:
+                if left is not None:
+                    left.live -= len(taken) - mark
+                left, mark = run, len(taken)
+            stamps[slot] = 0
+            append(item)
+        if left is not None:
+            left.live -= len(taken) - mark
+        self._live[slot] -= len(taken)
+
     def touch(self, items: Iterable[T], slot: int, admit: Callable[[T], bool] | None) -> None:
         """Restamp, in order, every item of ``items`` stamped in ``slot``; with ``admit``, also
         stamp the unstamped items it accepts."""
