@@ -213,7 +213,7 @@ class IndexState:
             return ()
         src = dest - 1
         return tuple(
-            PageOp(p.key, dict(p.at[src] or {}))
+            PageOp(p.key, p.at[src] or {})  # not copied: the index never changes it in place
             for p in pages
             if p.hits >= limit
             and p.at[src] is not None
@@ -230,11 +230,12 @@ class IndexState:
         pools = list(at) if scope is self._anchor else [scope] if scope in at else []
         if tier != Tier.STORAGE:
             self._lru_remove(page, tier, [q for q in pools if (tier, q) in self._slot])
-        freed = [Freed(Tier(tier), pool, at.pop(pool)) for pool in pools]
+        freed = [Freed(Tier(tier), pool, at[pool]) for pool in pools]
         for f in freed:
             self._unhold(tier, f.pool, f.page)
-        if not at:
-            page.at[tier] = None
+        # A new dict (or None): placements are never changed in place, so a PageOp may hold one.
+        left = {p: i for p, i in at.items() if p not in pools}
+        page.at[tier] = left or None
         # The store frees its own space: nothing to give back for STORAGE.
         return [] if tier == Tier.STORAGE else freed
 

@@ -274,8 +274,8 @@ class PrefixIndex(IndexTransfers):
                     # a load on its way (a whole page, or a fill of this copy) brings its own
                     if have is None or pool in have or page.pending[dev]:
                         free.append(Freed(dev, pool, pid))
-                    else:
-                        have[pool] = pid  # stamped by the touch below
+                    else:  # a new dict: placements are never changed in place
+                        have = page.at[dev] = {**have, pool: pid}  # stamped by the touch below
                         held[pool._value_][pid] = key
             touched.append(page)
         self._touch(touched, enter=True)

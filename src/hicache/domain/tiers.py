@@ -134,7 +134,11 @@ class Ticket:
 
 @attrs.frozen
 class PageOp:
-    """One page to copy down a tier, read from ``source`` (its placement on the source tier)."""
+    """One page to copy down a tier, read from ``source`` (its placement on the source tier).
+
+    ``source`` may be the index's own placement dict (the index never changes a placement in
+    place, it replaces it): read it, do not change it.
+    """
 
     key: bytes
     source: Placement
