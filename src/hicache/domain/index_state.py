@@ -124,17 +124,22 @@ class IndexState:
         for pool in self._owners:
             self._lru.unstamp_all(pages, self._slot[tier, pool])
 
-    def _touch(self, pages: Sequence[PageRecord], *, enter: bool = False) -> None:
+    def _touch(
+        self, pages: Sequence[PageRecord], *, enter: bool = False, last_first: bool = False
+    ) -> None:
         """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
 
         ``enter``: also stamp evictable pages that have no stamp yet (new placements, which
         only insert makes, and only on DEVICE: the other tiers' stamps are already right).
+        ``last_first``: ``pages`` are given last page first (the chain match's order).
         """
         for (tier, pool), slot in self._slot.items():
             admits = enter and tier == Tier.DEVICE
             if not admits and not self._lru.live(slot):
                 continue
-            seq: Iterable[PageRecord] = pages if pool in self._trailing else reversed(pages)
+            seq: Iterable[PageRecord] = (
+                pages if (pool in self._trailing) != last_first else reversed(pages)
+            )
             admit = None
             if admits:
 

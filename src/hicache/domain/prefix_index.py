@@ -196,11 +196,12 @@ class PrefixIndex(IndexTransfers):
             # past the storage boundary are not needed.
             found = _chain_boundaries(get, keys)
             if found is not None:
-                dev, host, sto, pages = found
-                pages.reverse()
-            else:
-                dev, host, sto = _single_pool_boundaries(map(get, keys), pages)
-                _link(pages)
+                dev, host, sto, last = found  # the records, last first: the anchor's order
+                if touch and host:
+                    self._touch(last if host == sto else last[sto - host :], last_first=True)
+                return self._match(keys, dev, host, sto)
+            dev, host, sto = _single_pool_boundaries(map(get, keys), pages)
+            _link(pages)
         else:
             for k in keys:
                 p = get(k)
@@ -218,6 +219,9 @@ class PrefixIndex(IndexTransfers):
             dev, host, sto = levels
         if touch and host:
             self._touch(pages[:host])
+        return self._match(keys, dev, host, sto)
+
+    def _match(self, keys: Sequence[bytes], dev: int, host: int, sto: int) -> Match:
         return Match(
             keys=keys[:sto] if isinstance(keys, KeyChain) else tuple(keys[:sto]),
             page_size=self.rules.page_size,
