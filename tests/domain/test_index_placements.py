@@ -46,3 +46,15 @@ def test_placements_read_out_are_copies_the_caller_may_change() -> None:
     assert got is not None
     got[MAMBA] = 9
     assert ix.placement(Tier.DEVICE, keys[0]) == {KV: 1}
+
+
+def test_a_tickets_sources_stay_as_they_were_when_its_pages_are_filled() -> None:
+    ix = PrefixIndex(HYBRID, WriteSettings(host="write_through"))
+    keys = key_chain(list(range(8)), 4)
+    ix.insert(keys, [{KV: 1}, {KV: 2}])
+    ticket = ix.prepare_backup(list(keys), [{KV: 11}, {KV: 12}])
+    ix.insert(keys[:2], [{KV: 1}, {KV: 2, MAMBA: 7}])  # page 1's device copy gets a checkpoint
+    assert ticket.sources == ({KV: 1}, {KV: 2})
+    ix.complete(ticket, True)
+    assert ix.placement(Tier.HOST, keys[1]) == {KV: 12}
+    ix.validate()
