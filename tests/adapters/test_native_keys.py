@@ -11,7 +11,13 @@ import pytest
 from hicache.adapters.native_keys import NativeKeys, install_native_keys, load_native_keys
 from hicache.domain import ConfigError
 from hicache.domain import keys as K
-from hicache.domain.keys import chain_hasher, chain_keys, pack_tokens, set_chain_hasher
+from hicache.domain.keys import (
+    chain_hasher,
+    chain_keys,
+    key_chain,
+    pack_tokens,
+    set_chain_hasher,
+)
 
 
 @pytest.fixture
@@ -79,4 +85,32 @@ def test_a_chain_hasher_whose_keys_differ_is_refused_and_not_used() -> None:
 
     with pytest.raises(ConfigError, match="'broken'"):
         set_chain_hasher(broken, name="broken")
+    assert chain_hasher() == "python"
+
+
+def test_key_chain_holds_the_same_keys_with_the_native_chain_installed(native: NativeKeys) -> None:
+    rng = random.Random(9)
+    prompts = [[rng.randrange(200_000) for _ in range(n)] for n in (0, 31, 33, 2000)]
+    set_chain_hasher(None)
+    want = [chain_keys(p, ps, prior=pr) for p in prompts for ps in (1, 16) for pr in (None, b"\x02" * 32)]
+    installed, _ = install_native_keys()
+    assert installed
+    got = [key_chain(p, ps, prior=pr) for p in prompts for ps in (1, 16) for pr in (None, b"\x02" * 32)]
+    assert got == want
+    assert [g.blob for g in got] == [b"".join(w) for w in want]
+
+
+def test_a_chain_hasher_whose_joined_keys_differ_is_refused_and_not_used() -> None:
+    set_chain_hasher(None)
+
+    class Hasher:
+        def __call__(self, packed: bytes, step: int, prior: bytes | None) -> list[bytes]:
+            return K._python_chain(packed, step, prior)
+
+        def blob(self, packed: bytes, step: int, prior: bytes | None) -> bytes:
+            joined = b"".join(K._python_chain(packed, step, prior))
+            return joined[:-1] + bytes([joined[-1] ^ 1]) if joined else joined
+
+    with pytest.raises(ConfigError, match=r"'joined'.*joined keys differ"):
+        set_chain_hasher(Hasher(), name="joined")
     assert chain_hasher() == "python"

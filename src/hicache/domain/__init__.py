@@ -48,7 +48,7 @@ from hicache.domain.host_memory import (
     resolve_host_memory,
 )
 from hicache.domain.hybrid import CheckpointPolicy, GroupRules, PoolRule, Restore, usable_boundary
-from hicache.domain.keys import PageKey, chain_keys, page_hex, page_key
+from hicache.domain.keys import KeyChain, PageKey, chain_keys, key_chain, page_hex, page_key
 from hicache.domain.layouts import Layout, check_layout, host_buffer_shape
 from hicache.domain.models import (
     AttentionSpec,
@@ -136,6 +136,7 @@ __all__ = [
     "IndexerGeometry",
     "IndexerSpec",
     "KVGeometry",
+    "KeyChain",
     "KimiDeltaSpec",
     "LayerBinding",
     "LayerKind",
@@ -186,6 +187,7 @@ __all__ = [
     "gated_deltanet_state",
     "group_namespaces",
     "host_buffer_shape",
+    "key_chain",
     "kimi_delta_state",
     "mamba2_state",
     "page_hex",

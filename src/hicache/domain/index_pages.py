@@ -1,7 +1,8 @@
 """The prefix index's per-key record and what is computed over all records (pure).
 
 - PageRecord: one page key's state in the index: placements per tier, pins, the transfer
-  reserving each tier, the pool an eviction drops after its copy-down, LRU stamps, hits.
+  reserving each tier, the pool an eviction drops after its copy-down, LRU stamps, hits, and
+  the record before it in a chain of keys (a link match follows and checks).
 - count_pages(records, tickets, evictions): the IndexStats of a set of records.
 - destination_refusal(page, kind, dest, anchor): why a transfer may not reserve ``dest`` on its
   destination tier for this page (None: it may); a destination without the anchor is a fill,
@@ -13,7 +14,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from hicache.domain.errors import CacheStateError
 from hicache.domain.lru import TickLru
@@ -23,19 +25,46 @@ from hicache.domain.tiers import IndexStats, OpKind, PerTier, Placement, Ticket,
 _TIERS = (Tier.DEVICE, Tier.HOST, Tier.STORAGE)
 
 
+_NO_TICKETS = (0, 0, 0)
+_NO_SCOPES = (None, None, None)
+
+
 class PageRecord:
     """One page key's state in the index (mutable; owned by one PrefixIndex)."""
 
-    __slots__ = ("at", "evicting", "hits", "key", "pending", "pins", "stamp")
+    __slots__ = ("at", "evicting", "hits", "key", "parent", "pending", "pins", "stamp")
 
     def __init__(self, key: bytes, slots: int) -> None:
         self.key = key
-        self.stamp = [0] * slots  # LRU tick per (cached tier, owning pool); 0: not evictable
+        # The record of the page before this one in the last chain of keys that named it (a
+        # hint for PrefixIndex.match, which checks every record it reaches through it); None
+        # when unknown. A record that leaves the index drops its own link.
+        self.parent: PageRecord | None = None
+        # Per (cached tier, owning pool): the LRU run of its latest touch (hicache.domain.lru);
+        # 0: not evictable there.
+        self.stamp: list[Any] = [0] * slots
         self.at: list[dict[PoolName, int] | None] = [None, None, None]
         self.pins = [0, 0, 0]
-        self.pending = [0, 0, 0]  # ticket id reserving this tier as a destination
-        self.evicting: list[PoolName | None] = [None, None, None]  # drop scope after copy-down
+        # Ticket id reserving each tier as a destination, and the drop scope after a copy-down:
+        # shared "none" tuples until a transfer or an eviction sets one (set_pending /
+        # set_evicting), so a new page costs two objects fewer to make and to collect.
+        self.pending: Sequence[int] = _NO_TICKETS
+        self.evicting: Sequence[PoolName | None] = _NO_SCOPES
         self.hits = 0
+
+    def set_pending(self, tier: int, ticket: int) -> None:
+        pending = self.pending
+        if type(pending) is not list:
+            pending = self.pending = list(pending)
+        pending[tier] = ticket
+
+    def set_evicting(self, tier: int, scope: PoolName | None) -> None:
+        evicting = self.evicting
+        if type(evicting) is not list:
+            if scope is None and evicting[tier] is None:
+                return
+            evicting = self.evicting = list(evicting)
+        evicting[tier] = scope
 
     def idle(self) -> bool:
         return not any(self.at) and not any(self.pending)

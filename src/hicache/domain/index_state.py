@@ -3,7 +3,8 @@
 - CACHED_TIERS: the tiers whose pages the index evicts (DEVICE, HOST).
 - IndexState(rules, writes): the records by page key, the LRU slot per (cached tier, owning
   pool), the transfers in flight and the eviction counts; the base of PrefixIndex.
-- _page(key): the record of a key the index knows (CacheStateError otherwise).
+- _page(key): the record of a key the index knows (CacheStateError otherwise); _forget(page)
+  removes one that holds nothing.
 - _has(page, tier, pool): whether a page has ``pool`` on ``tier`` (a pool that follows the
   anchor: the anchor's placement on DEVICE / HOST).
 - _evictable / _lru_add / _lru_remove / _touch: LRU stamps of unpinned, settled pages (the
@@ -25,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.index_pages import HolderKey, PageRecord
+from hicache.domain.keys import KeyChain
 from hicache.domain.lru import TickLru
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Freed, PageOp, Placement, Ticket, Tier, WriteSettings
@@ -66,6 +68,16 @@ class IndexState:
             raise CacheStateError(f"page {key.hex()[:16]}… is not in the index")
         return page
 
+    def _before(self, keys: Sequence[bytes]) -> PageRecord | None:
+        """The record of the key before ``keys[0]``, when ``keys`` is a KeyChain that names it."""
+        prior = keys.prior if isinstance(keys, KeyChain) else None
+        return None if prior is None else self._pages.get(prior)
+
+    def _forget(self, page: PageRecord) -> None:
+        """Remove a record from the index (it holds nothing now) and drop its chain link."""
+        del self._pages[page.key]
+        page.parent = None
+
     def _has(self, page: PageRecord, tier: int, pool: PoolName) -> bool:
         at = page.at[tier]
         if at is None:
@@ -95,12 +107,13 @@ class IndexState:
         """``_lru_add`` of each page, in order, as one run per slot (a long prompt's unpin)."""
         if tier == Tier.STORAGE or not pages:
             return
-        evictable = self._evictable
         for pool in self._owners:
 
             def admit(p: PageRecord, pool: PoolName = pool) -> bool:
-                at = p.at[tier]
-                return at is not None and pool in at and evictable(p, tier)
+                at = p.at[tier]  # _evictable, inline: a long prompt's release asks it per page
+                return (
+                    at is not None and pool in at and not p.pins[tier] and p.evicting[tier] is None
+                )
 
             self._lru.touch(pages, self._slot[tier, pool], admit)
 
@@ -108,30 +121,36 @@ class IndexState:
         """``_lru_remove`` of each page (every owner pool's stamp on ``tier``)."""
         if tier == Tier.STORAGE:
             return
-        unstamp = self._lru.unstamp
         for pool in self._owners:
-            slot = self._slot[tier, pool]
-            for p in pages:
-                if p.stamp[slot]:
-                    unstamp(p, slot)
+            self._lru.unstamp_all(pages, self._slot[tier, pool])
 
-    def _touch(self, pages: Sequence[PageRecord], *, enter: bool = False) -> None:
+    def _touch(
+        self, pages: Sequence[PageRecord], *, enter: bool = False, last_first: bool = False
+    ) -> None:
         """Make pages most recently used: the anchor's tail-first, trailing pools head-first.
 
         ``enter``: also stamp evictable pages that have no stamp yet (new placements, which
         only insert makes, and only on DEVICE: the other tiers' stamps are already right).
+        ``last_first``: ``pages`` are given last page first (the chain match's order).
         """
         for (tier, pool), slot in self._slot.items():
             admits = enter and tier == Tier.DEVICE
             if not admits and not self._lru.live(slot):
                 continue
-            seq: Iterable[PageRecord] = pages if pool in self._trailing else reversed(pages)
+            seq: Iterable[PageRecord] = (
+                pages if (pool in self._trailing) != last_first else reversed(pages)
+            )
             admit = None
             if admits:
 
                 def admit(p: PageRecord, tier: int = tier, pool: PoolName = pool) -> bool:
-                    at = p.at[tier]
-                    return at is not None and pool in at and self._evictable(p, tier)
+                    at = p.at[tier]  # _evictable, inline: an insert asks this per new page
+                    return (
+                        at is not None
+                        and pool in at
+                        and not p.pins[tier]
+                        and p.evicting[tier] is None
+                    )
 
             self._lru.touch(seq, slot, admit)
 
@@ -199,7 +218,7 @@ class IndexState:
             return ()
         src = dest - 1
         return tuple(
-            PageOp(p.key, dict(p.at[src] or {}))
+            PageOp(p.key, p.at[src] or {})  # not copied: the index never changes it in place
             for p in pages
             if p.hits >= limit
             and p.at[src] is not None
@@ -216,11 +235,12 @@ class IndexState:
         pools = list(at) if scope is self._anchor else [scope] if scope in at else []
         if tier != Tier.STORAGE:
             self._lru_remove(page, tier, [q for q in pools if (tier, q) in self._slot])
-        freed = [Freed(Tier(tier), pool, at.pop(pool)) for pool in pools]
+        freed = [Freed(Tier(tier), pool, at[pool]) for pool in pools]
         for f in freed:
             self._unhold(tier, f.pool, f.page)
-        if not at:
-            page.at[tier] = None
+        # A new dict (or None): placements are never changed in place, so a PageOp may hold one.
+        left = {p: i for p, i in at.items() if p not in pools}
+        page.at[tier] = left or None
         # The store frees its own space: nothing to give back for STORAGE.
         return [] if tier == Tier.STORAGE else freed
 

@@ -33,6 +33,79 @@ class IndexTransfers(IndexState):
         dests: Sequence[Placement],
     ) -> Ticket:
         src, dst = kind.source, kind.dest
+        plain = self._plain_whole_pages(kind, pages, dests)
+        if not plain:
+            self._check_ticket(kind, pages, dests)
+        ticket = Ticket(
+            id=self._next_ticket,
+            kind=kind,
+            keys=tuple(p.key for p in pages),
+            # Not copied: the index replaces placements, never changes them in place.
+            sources=tuple(p.at[src] or {} for p in pages),
+            dests=tuple(dests),
+        )
+        self._next_ticket += 1
+        if plain:
+            # One pool, whole pages between DEVICE and HOST: the steps below, inline.
+            tid, name = ticket.id, self._anchor._value_
+            held = self._held[dst][name]
+            slot = self._slot[src, self._anchor]
+            unstamp = self._lru.unstamp
+            for p, dest in zip(pages, dests, strict=True):
+                pending = p.pending
+                if type(pending) is not list:
+                    pending = p.pending = list(pending)
+                pending[dst] = tid
+                held[dest[self._anchor]] = p.key
+                pins = p.pins
+                pins[src] += 1
+                if pins[src] == 1 and p.stamp[slot]:
+                    unstamp(p, slot)
+            self._tickets[ticket.id] = ticket
+            return ticket
+        for p, dest in zip(pages, dests, strict=True):
+            p.set_pending(dst, ticket.id)
+            self._hold(dst, p.key, dest)
+            if self._anchor not in dest:  # a fill: keep the copy it completes where it is
+                p.pins[dst] += 1
+                if p.pins[dst] == 1:
+                    self._lru_remove(p, dst)
+            if src != Tier.STORAGE:
+                p.pins[src] += 1
+                if p.pins[src] == 1:
+                    self._lru_remove(p, src)
+        self._tickets[ticket.id] = ticket
+        return ticket
+
+    def _plain_whole_pages(
+        self, kind: OpKind, pages: Sequence[PageRecord], dests: Sequence[Placement]
+    ) -> bool:
+        """Whether a ticket is whole pages of the one pool between DEVICE and HOST that pass
+        every check of ``_check_ticket`` (False: let that check, and name what it refuses)."""
+        src, dst = kind.source, kind.dest
+        if len(self._owners) != 1 or Tier.STORAGE in (src, dst):
+            return False
+        anchor = self._anchor
+        held = self._held[dst][anchor._value_].get
+        if len({p.key for p in pages}) != len(pages):
+            return False
+        for p, dest in zip(pages, dests, strict=True):
+            at = p.at
+            if len(dest) != 1 or at[dst] is not None or at[src] is None or p.pending[dst]:
+                return False
+            pid = dest.get(anchor)
+            if pid is None:
+                return False
+            other = held(pid)
+            if other is not None and other != p.key:
+                return False
+        return True
+
+    def _check_ticket(
+        self, kind: OpKind, pages: Sequence[PageRecord], dests: Sequence[Placement]
+    ) -> None:
+        """CacheStateError naming the first page a ticket may not take (see _new_ticket)."""
+        src, dst = kind.source, kind.dest
         seen: set[bytes] = set()
         for p, dest in zip(pages, dests, strict=True):
             if p.key in seen:
@@ -58,27 +131,6 @@ class IndexTransfers(IndexState):
                     f"{sorted(q.value for q in source)} on {src.name}; a destination for "
                     f"{sorted(q.value for q in dest)} would register pages nothing was copied to"
                 )
-        ticket = Ticket(
-            id=self._next_ticket,
-            kind=kind,
-            keys=tuple(p.key for p in pages),
-            sources=tuple(dict(p.at[src] or {}) for p in pages),
-            dests=tuple(dests),
-        )
-        self._next_ticket += 1
-        for p, dest in zip(pages, dests, strict=True):
-            p.pending[dst] = ticket.id
-            self._hold(dst, p.key, dest)
-            if self._anchor not in dest:  # a fill: keep the copy it completes where it is
-                p.pins[dst] += 1
-                if p.pins[dst] == 1:
-                    self._lru_remove(p, dst)
-            if src != Tier.STORAGE:
-                p.pins[src] += 1
-                if p.pins[src] == 1:
-                    self._lru_remove(p, src)
-        self._tickets[ticket.id] = ticket
-        return ticket
 
     def prepare_backup(self, keys: Sequence[bytes], host: Sequence[Placement]) -> Ticket:
         """Device -> host into the caller's host pages ``host`` (one placement per key)."""
@@ -106,7 +158,7 @@ class IndexTransfers(IndexState):
             return self._new_ticket(OpKind.PREFETCH, [self._pages[k] for k in keys], dests)
         except BaseException:
             for k in fresh:
-                del self._pages[k]
+                self._forget(self._pages[k])
             raise
 
     def prepare_store(self, keys: Sequence[bytes]) -> Ticket:
@@ -132,7 +184,7 @@ class IndexTransfers(IndexState):
         arrived: list[PageRecord] = []
         for key, dest, good in zip(ticket.keys, ticket.dests, flags, strict=True):
             page = self._pages[key]
-            page.pending[dst] = 0
+            page.set_pending(dst, 0)
             fill = self._anchor not in dest
             if fill:
                 page.pins[dst] -= 1
@@ -153,14 +205,14 @@ class IndexTransfers(IndexState):
                 if scope is not None and ticket.kind in (OpKind.BACKUP, OpKind.STORE):
                     # The copy a write_back eviction waited for: drop the source now, unless a
                     # request pinned it meanwhile (then it stays and returns to the LRU on unpin).
-                    page.evicting[src] = None
+                    page.set_evicting(src, None)
                     if page.pins[src] == 0:
                         free.extend(self._drop(page, src, scope))
                     self._lru_add(page, src)  # what the eviction did not take (another pool's)
                 elif page.pins[src] == 0:
                     self._lru_add(page, src)
             if page.idle():
-                del self._pages[key]
+                self._forget(page)
         if arrived and dst != Tier.STORAGE:
             self._touch(arrived)
         store = self._wanted(arrived, Tier.STORAGE) if dst == Tier.HOST else ()

@@ -19,7 +19,8 @@ returns; it never allocates, copies or waits. Not thread-safe: one owner calls i
   victims are backed up first (their ids are freed by that backup's completion).
 - drop(tier, keys, pool=None): forget pages (or one pool's objects) on a tier now (e.g. a storage
   MISS); returns their ids to free.
-- placement(tier, key) / placements(tier, keys), statistics(), validate() (the page record,
+- placement(tier, key) / placements(tier, keys) / on_tier(tier, keys), statistics(), validate()
+  (the page record,
   the counts and the invariant checks are in hicache.domain.index_pages).
 
 LRU order: one TickLru slot per (tier, owning pool) (hicache.domain.lru). Pinned, in-flight
@@ -32,7 +33,8 @@ checkpoint nearest the deepest boundary stay longest).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from itertools import pairwise
 from typing import cast
 
 from hicache.domain.errors import CacheStateError, ConfigError
@@ -40,6 +42,7 @@ from hicache.domain.hybrid import usable_boundary
 from hicache.domain.index_pages import PageRecord, check_invariants, count_pages
 from hicache.domain.index_state import CACHED_TIERS
 from hicache.domain.index_transfers import IndexTransfers
+from hicache.domain.keys import KeyChain
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import (
     NO_ACTIONS,
@@ -80,6 +83,70 @@ def _single_pool_boundaries(
     return dev, host, len(pages)
 
 
+def _chain_boundaries(
+    get: Callable[[bytes], PageRecord | None], keys: Sequence[bytes]
+) -> tuple[int, int, int, list[PageRecord]] | None:
+    """(device, host, storage) leading counts of ``keys`` and the records of the first
+    ``storage`` keys (last first) in O(log n) lookups, or None when the chain links do not
+    give them (the caller walks the keys then).
+
+    A binary search finds a ``storage`` whose last key is on some tier and whose next key
+    (if any) is on none; the records before it are reached from that last one through their
+    ``parent`` links. The answer stands only if every record reached is on some tier (so it is
+    the index's live record of its key) and their keys are exactly the first ``storage`` keys:
+    then no key before ``storage`` is off every tier, which makes it the leading count, and the
+    device and host counts are read off the records. Anything else (a hole, a missing or stale
+    link, keys of another chain) returns None.
+    """
+    lo, hi = 0, len(keys)
+    tail: PageRecord | None = None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        p = get(keys[mid])
+        if p is not None and any(p.at):
+            lo, tail = mid + 1, p
+        else:
+            hi = mid
+    sto = lo
+    if tail is None:
+        return (0, 0, 0, []) if sto == 0 else None
+    out: list[PageRecord] = []
+    append = out.append
+    dev = host = sto
+    r: PageRecord | None = tail
+    for pos in range(sto - 1, -1, -1):
+        if r is None:
+            return None
+        at = r.at
+        if at[0] is None:
+            dev = pos
+            if at[1] is None:
+                host = pos
+                if at[2] is None:
+                    return None
+        append(r)
+        r = r.parent
+    if not _keys_are(keys, sto, out):
+        return None
+    return dev, host, sto, out
+
+
+def _keys_are(keys: Sequence[bytes], n: int, last_first: list[PageRecord]) -> bool:
+    """Whether the records ``last_first`` (in reverse order) carry exactly ``keys[:n]``."""
+    got = [r.key for r in last_first]
+    got.reverse()
+    if isinstance(keys, KeyChain):
+        return keys.starts_with(got)
+    return got == list(keys[:n])
+
+
+def _link(pages: list[PageRecord]) -> None:
+    """Link each record to the one before it (the walk just found them in this order)."""
+    for prev, page in pairwise(pages):
+        if page.parent is not prev:
+            page.parent = prev
+
+
 class PrefixIndex(IndexTransfers):
     """Page key -> placements on three tiers, pins, LRU and write policies. See module doc."""
 
@@ -110,6 +177,10 @@ class PrefixIndex(IndexTransfers):
             append(dict(at) if at is not None else None)
         return out
 
+    def on_tier(self, tier: Tier, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key has a placement on ``tier`` (``placement`` without the copies)."""
+        return [p is not None and p.at[tier] is not None for p in map(self._pages.get, keys)]
+
     def pins(self, tier: Tier, key: bytes) -> int:
         page = self._pages.get(key)
         return page.pins[tier] if page is not None else 0
@@ -119,11 +190,18 @@ class PrefixIndex(IndexTransfers):
         pages: list[PageRecord] = []
         get = self._pages.get
         if len(self.rules.rules) == 1:
-            # One pool: a page is usable on a tier iff it has a placement there. One pass looks
-            # each page up and checks it while its record is in cache (a long prompt's records
-            # do not all fit: a second pass over them missed again, the larger part of a
-            # 131,072-page match). Pages past the storage boundary are not needed.
+            # One pool: a page is usable on a tier iff it has a placement there. The chain
+            # links give the records in O(log n) lookups when they hold (checked); otherwise
+            # one pass looks each page up and checks it while its record is in cache. Pages
+            # past the storage boundary are not needed.
+            found = _chain_boundaries(get, keys)
+            if found is not None:
+                dev, host, sto, last = found  # the records, last first: the anchor's order
+                if touch and host:
+                    self._touch(last if host == sto else last[sto - host :], last_first=True)
+                return self._match(keys, dev, host, sto)
             dev, host, sto = _single_pool_boundaries(map(get, keys), pages)
+            _link(pages)
         else:
             for k in keys:
                 p = get(k)
@@ -141,8 +219,11 @@ class PrefixIndex(IndexTransfers):
             dev, host, sto = levels
         if touch and host:
             self._touch(pages[:host])
+        return self._match(keys, dev, host, sto)
+
+    def _match(self, keys: Sequence[bytes], dev: int, host: int, sto: int) -> Match:
         return Match(
-            keys=tuple(keys[:sto]),
+            keys=keys[:sto] if isinstance(keys, KeyChain) else tuple(keys[:sto]),
             page_size=self.rules.page_size,
             device_pages=dev,
             host_pages=max(dev, host),
@@ -162,6 +243,53 @@ class PrefixIndex(IndexTransfers):
         checked = [self._check_placement(w, "insert") for w in placements]
         # Every check before anything changes: a refused insert leaves the index as it was.
         held = self._held[Tier.DEVICE]
+        single = len(self._owners) == 1  # every placement is {anchor: id}
+        anchor_ids = held[self._anchor._value_]
+        pids: list[int] = [w[self._anchor] for w in checked] if single else []
+        if not single or (
+            # One pool: the whole check in C-level passes when no id is held or named twice
+            # (the common case); otherwise the per-page pass below names the culprit.
+            len(set(pids)) != len(pids) or list(map(anchor_ids.get, pids)).count(None) != len(pids)
+        ):
+            self._check_insert_ids(keys, checked)
+        free: list[Freed] = []
+        touched: list[PageRecord] = []
+        dev = Tier.DEVICE
+        prev = self._before(keys)
+        get = self._pages.get
+        for key, where, pid in zip(keys, checked, pids if single else checked, strict=True):
+            page = get(key)
+            if page is None:
+                page = self._pages[key] = PageRecord(key, self._slots)
+            if prev is not None:
+                page.parent = prev
+            prev = page
+            page.hits += 1
+            have = page.at[dev]
+            if have is None and not page.pending[dev]:
+                page.at[dev] = where  # stamped by the touch below, in LRU order
+                if single:
+                    anchor_ids[cast("int", pid)] = key
+                else:
+                    for pool, pid in where.items():
+                        held[pool._value_][pid] = key
+            else:
+                for pool, pid in where.items():
+                    # a load on its way (a whole page, or a fill of this copy) brings its own
+                    if have is None or pool in have or page.pending[dev]:
+                        free.append(Freed(dev, pool, pid))
+                    else:  # a new dict: placements are never changed in place
+                        have = page.at[dev] = {**have, pool: pid}  # stamped by the touch below
+                        held[pool._value_][pid] = key
+            touched.append(page)
+        self._touch(touched, enter=True)
+        backup = self._wanted(touched, Tier.HOST)
+        store = self._wanted(touched, Tier.STORAGE)
+        return Actions(backup=backup, store=store, free=tuple(free))
+
+    def _check_insert_ids(self, keys: Sequence[bytes], checked: list[dict[PoolName, int]]) -> None:
+        """Refuse a device page id that holds another key, or one named for two pages."""
+        held = self._held[Tier.DEVICE]
         named: dict[str, dict[int, bytes]] = {}  # pool text -> id -> the key placed there
         for key, where in zip(keys, checked, strict=True):
             for pool, pid in where.items():
@@ -177,32 +305,6 @@ class PrefixIndex(IndexTransfers):
                         f"insert: device page {pid} of pool {pool.value!r} is named for two "
                         "pages of one request"
                     )
-        free: list[Freed] = []
-        touched: list[PageRecord] = []
-        dev = Tier.DEVICE
-        for key, where in zip(keys, checked, strict=True):
-            page = self._pages.get(key)
-            if page is None:
-                page = self._pages[key] = PageRecord(key, self._slots)
-            page.hits += 1
-            have = page.at[dev]
-            if have is None and not page.pending[dev]:
-                page.at[dev] = where  # stamped by the touch below, in LRU order
-                for pool, pid in where.items():
-                    held[pool._value_][pid] = key
-            else:
-                for pool, pid in where.items():
-                    # a load on its way (a whole page, or a fill of this copy) brings its own
-                    if have is None or pool in have or page.pending[dev]:
-                        free.append(Freed(dev, pool, pid))
-                    else:
-                        have[pool] = pid  # stamped by the touch below
-                        held[pool._value_][pid] = key
-            touched.append(page)
-        self._touch(touched, enter=True)
-        backup = self._wanted(touched, Tier.HOST)
-        store = self._wanted(touched, Tier.STORAGE)
-        return Actions(backup=backup, store=store, free=tuple(free))
 
     # ---- pins ------------------------------------------------------------------------------
 
@@ -279,13 +381,13 @@ class PrefixIndex(IndexTransfers):
                 and page.at[nxt] is None
                 and not page.pending[nxt]
             ):
-                page.evicting[tier] = scope
+                page.set_evicting(tier, scope)
                 self._lru_remove(page, tier)
                 copy.append(PageOp(key, dict(page.at[tier] or {})))
                 continue
             free.extend(self._drop(page, tier, scope))
             if page.idle():
-                del self._pages[key]
+                self._forget(page)
         ops = tuple(copy)
         if tier is Tier.DEVICE:
             return Actions(backup=ops, free=tuple(free), evicted=taken)
@@ -303,10 +405,10 @@ class PrefixIndex(IndexTransfers):
         free: list[Freed] = []
         for p in pages:
             if pool is None:
-                p.evicting[tier] = None
+                p.set_evicting(tier, None)
             free.extend(self._drop(p, tier, self._anchor if pool is None else pool))
             if p.idle():
-                del self._pages[p.key]
+                self._forget(p)
         return Actions(free=tuple(free))
 
     # ---- inspection ----------------------------------------------------------------------------

@@ -134,7 +134,11 @@ class Ticket:
 
 @attrs.frozen
 class PageOp:
-    """One page to copy down a tier, read from ``source`` (its placement on the source tier)."""
+    """One page to copy down a tier, read from ``source`` (its placement on the source tier).
+
+    ``source`` may be the index's own placement dict (the index never changes a placement in
+    place, it replaces it): read it, do not change it.
+    """
 
     key: bytes
     source: Placement
@@ -173,10 +177,11 @@ class Match:
     """How many leading pages each tier can restore at the hybrid-consistent boundary.
 
     Cumulative: ``host_pages`` counts pages restorable from device or host, ``storage_pages``
-    from any tier, so device_pages <= host_pages <= storage_pages <= len(keys).
+    from any tier, so device_pages <= host_pages <= storage_pages <= len(keys). ``keys``: the
+    first ``storage_pages`` keys matched, a tuple (a KeyChain when the match was given one).
     """
 
-    keys: tuple[bytes, ...]
+    keys: Sequence[bytes]
     page_size: int
     device_pages: int
     host_pages: int

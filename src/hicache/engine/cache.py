@@ -34,7 +34,7 @@ import anyio.abc
 
 from hicache.domain.errors import CacheStateError, ConfigError, EngineClosedError
 from hicache.domain.hybrid import GroupRules, Restore
-from hicache.domain.keys import chain_keys
+from hicache.domain.keys import key_chain
 from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import PerTier, Tier
@@ -295,7 +295,7 @@ class HiCache:
         boundaries the CheckpointPolicy does not keep are released, as are duplicates."""
         self._check_open("insert")
         tokens = cache_args.token_ids(token_ids)
-        keys = chain_keys(tokens, self.page_size)
+        keys = key_chain(tokens, self.page_size)
         n = len(keys)
         placements, released, named = insert_placements(
             self.rules,
@@ -309,10 +309,19 @@ class HiCache:
         cache_args.device_ids(
             self.engine.device_slots, named, allocated=not self.work.framework_device
         )
-        existing = [self.index.placement(Tier.DEVICE, k) for k in keys]
         acts = self.index.insert(keys, placements)
-        same = {(p, pid) for e in existing if e for p, pid in e.items()}
-        dropped = [f for f in acts.free if (f.pool, f.page) not in same]
+        # Ids the index gave back: the caller's own duplicates go back to the pool, unless the
+        # id is the one the page already had (then the page still uses it). An insert only adds
+        # placements, so the pages' device placements after it hold those ids as before it.
+        dropped = list(acts.free)
+        if dropped:
+            same = {
+                (p, pid)
+                for e in self.index.placements(Tier.DEVICE, keys)
+                if e
+                for p, pid in e.items()
+            }
+            dropped = [f for f in dropped if (f.pool, f.page) not in same]
         for f in dropped:
             released.setdefault(f.pool, []).append(f.page)
         if released and not self.work.framework_device:

@@ -5,7 +5,9 @@
   (device, host, storage) boundaries agreed over the TP ranks (minimum), cut again until every
   rank stops at one it can restore.
 - find_hit(cache, token_ids, on_drop): the index's hit, pinned before any await, agreed, the
-  pins beyond the agreed hit given back, counted; a CacheMatch holding the rest.
+  pins beyond the agreed hit given back, counted; a CacheMatch holding the rest. The keys are
+  a KeyChain (the index matches it in O(log n) lookups); with one slot-owning pool and plain
+  rules only the device presence of the pages past the device boundary is read.
 - count_match(counters, page_size, tokens, d, h, s): the face's hit counters for one match.
 """
 
@@ -13,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from hicache.domain.keys import chain_keys
-from hicache.domain.tiers import Placement, Tier
+from hicache.domain.keys import KeyChain, key_chain
+from hicache.domain.tiers import Match, Placement, Tier
 from hicache.engine.cache_load import completes, partial
 from hicache.engine.cache_match import CacheMatch, MatchPins
 from hicache.engine.cache_parts import CacheParts
@@ -59,8 +61,10 @@ async def find_hit(
     """The agreed, pinned hit of ``token_ids`` (see CacheMatch); ``on_drop``: the face's
     finalizer queue for a match dropped unreleased."""
     index, hits = cache.index, cache.hits
-    keys = chain_keys(token_ids, cache.page_size)
+    keys = key_chain(token_ids, cache.page_size)
     m = index.match(keys)
+    if hits.single_owner and cache.rules.is_plain:
+        return await _plain_hit(cache, token_ids, keys, m, on_drop)
     dev_at = index.placements(Tier.DEVICE, keys[: m.host_pages])
     if hits.single_owner:
         # Every placement holds the one owner: the index's boundaries are the loadable ones.
@@ -118,6 +122,70 @@ async def find_hit(
         storage_pages=s,
         sources=sources,
         needed=needed,
+        pins=pins,
+        on_drop=on_drop,
+    )
+
+
+async def _plain_hit(
+    cache: CacheParts,
+    token_ids: Sequence[int],
+    keys: KeyChain,
+    m: Match,
+    on_drop: Callable[[MatchPins], None],
+) -> CacheMatch:
+    """find_hit when one pool owns every page and every pool restores all pages: a page is
+    restorable from the device iff it has a device placement (which always holds the anchor,
+    the one pool a page needs), so only that is read, for the pages past the device boundary
+    (the ones before it are on the device), and no placement is copied."""
+    index = cache.index
+    d, h0 = m.device_pages, m.host_pages
+    on_dev = [True] * d + index.on_tier(Tier.DEVICE, keys[d:h0])
+    # The keys as bytes objects once: pins, releases and the CacheMatch share them (and the
+    # hashes the pins' lookups cache in them).
+    listed = list(keys)
+    if d == h0:  # all of it on the device: no per-page filtering
+        dev_keys = listed[:h0]
+        host_keys: list[bytes] = []
+    else:
+        dev_keys = [listed[i] for i in range(h0) if on_dev[i]]
+        host_keys = [listed[i] for i in range(h0) if not on_dev[i]]
+    # Pinned before any await, as find_hit does (see there).
+    index.pin(Tier.DEVICE, dev_keys)
+    try:
+        index.pin(Tier.HOST, host_keys)
+    except BaseException:
+        index.unpin(Tier.DEVICE, dev_keys)
+        raise
+    try:
+        d, h, s = await agree_hit(cache, keys, m.storage_pages, d, h0, [], [])
+    except BaseException:
+        index.unpin(Tier.DEVICE, dev_keys)
+        index.unpin(Tier.HOST, host_keys)
+        raise
+    # A page past the agreed hit gives its pin back; one before it on the device keeps its
+    # device pin, one on host only keeps its host pin (its load copies it).
+    index.unpin(Tier.DEVICE, [listed[i] for i in range(h, h0) if on_dev[i]])
+    index.unpin(Tier.HOST, [listed[i] for i in range(h, h0) if not on_dev[i]])
+    pins = MatchPins()
+    if d == h0:
+        pins.device = listed[:h]
+    else:
+        pins.device = [listed[i] for i in range(h) if on_dev[i]]
+        pins.host = [listed[i] for i in range(h) if not on_dev[i]]
+    sources = [Tier.DEVICE if on_dev[i] else Tier.HOST for i in range(h)]
+    tokens = len(token_ids) // 4 if isinstance(token_ids, bytes) else len(token_ids)  # packed
+    count_match(cache.counters, cache.page_size, tokens, d, h, s)
+    return CacheMatch(
+        cache,
+        keys=listed,
+        tokens=tokens,
+        page_size=cache.page_size,
+        device_pages=d,
+        host_pages=h,
+        storage_pages=s,
+        sources=sources,
+        needed=cache.hits.needed(h),
         pins=pins,
         on_drop=on_drop,
     )
