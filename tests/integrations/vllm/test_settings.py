@@ -35,6 +35,7 @@ def test_directory_store_takes_its_path_as_root(tmp_path: object) -> None:
         ({"host_gib": 0}, "'host_gib'"),
         ({"host_gib": "2"}, "'host_gib'"),
         ({"storage_backend": "s3"}, "'storage_backend'"),
+        ({"copy_backend": "cuda"}, "'copy_backend'"),
         ({"storage_backend": "directory"}, "'storage_path'"),
         ({"storage_path": "/tmp/x"}, "'storage_path'"),
         ({"storage_extra_config": {"a": 1}}, "'storage_extra_config'"),

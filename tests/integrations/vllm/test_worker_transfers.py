@@ -12,7 +12,7 @@ from hicache.domain import DeviceError
 from hicache.domain.storage import StoreKey
 from hicache.integrations.vllm.plan import LoadOp, Op, SaveOp, StepPlan
 from hicache.integrations.vllm.stats import ConnectorStats
-from hicache.integrations.vllm.worker import WorkerTransfers, block_rows
+from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, choose_copier
 
 BLOCKS = 8
 
@@ -105,3 +105,35 @@ def test_a_cache_without_blocks_first_is_refused() -> None:
         block_rows("layer.0", t, BLOCKS)
     with pytest.raises(DeviceError, match="blocks first"):
         block_rows("layer.0", torch.zeros(BLOCKS, 4, 4).transpose(1, 2), BLOCKS)
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_both_copy_backends_move_the_same_bytes(backend: str) -> None:
+    c = caches()
+    layers = [(n, block_rows(n, t, BLOCKS)) for n, t in c.items()]
+    w = WorkerTransfers(
+        layers,
+        host_bytes=4 * sum(r.shape[1] for _, r in layers),
+        store=None,
+        store_key=lambda page: StoreKey(namespace="t", pool="kv-r0", page_hash=page.hex()),
+        stats=ConnectorStats(),
+        copier=choose_copier(backend, list(c.values())),
+    )
+    before = {n: (t[2].clone(), t[4].clone()) for n, t in c.items()}
+    w.start_step(
+        StepPlan(saves=[SaveOp("r", key(1), 3, 2, False), SaveOp("r", key(2), 0, 4, False)])
+    )
+    w.finish_step()
+    w.start_step(StepPlan(loads=[LoadOp("q", (key(2), key(1)), (0, 3), (6, 7), (False, False))]))
+    w.finish_step()
+    for n in c:
+        assert torch.equal(c[n][7], before[n][0])
+        assert torch.equal(c[n][6], before[n][1])
+    w.close()
+
+
+def test_native_copies_of_device_memory_are_refused() -> None:
+    with pytest.raises(DeviceError, match="copy_backend"):
+        choose_copier("native", [torch.empty(4, 8, dtype=torch.uint8, device="meta")])
+    assert choose_copier("auto", [torch.empty(4, 8, device="meta")]).backend == "torch"
+    assert choose_copier("auto", [torch.empty(4, 8)]).backend == "native"

@@ -42,14 +42,20 @@ from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, MambaSp
 from vllm.v1.metrics.utils import create_metric_per_engine
 
 from hicache.bootstrap.storage import open_store
-from hicache.domain import ConfigError
+from hicache.domain import ConfigError, TransferError
 from hicache.domain.storage import Store, StoreKey
 from hicache.integrations.vllm.exporter import export, process_counters
 from hicache.integrations.vllm.plan import StepPlan, WorkerEvents, store_key
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import NAMES, ConnectorStats
-from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, state_rows
+from hicache.integrations.vllm.worker import (
+    RowCopier,
+    WorkerTransfers,
+    block_rows,
+    choose_copier,
+    state_rows,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -127,6 +133,7 @@ class HiCachePromMetrics(KVConnectorPromMetrics):
 
 
 STATE_SHARE = 0.25  # of host_gib, for a hybrid model's state pages
+IDLE_WAIT_S = 0.02  # longest wait for the store thread in a step without a forward
 
 
 @attrs.frozen
@@ -304,7 +311,17 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
             rank=rank,
             state_layers=states,
             state_host_bytes=self.state_host_bytes,
+            copier=self._copier([rows for _, rows in layers]),
         )
+
+    def _copier(self, caches: list[torch.Tensor]) -> RowCopier:
+        try:
+            return choose_copier(self.settings.copy_backend, caches)
+        except TransferError as exc:  # the native helper could not be built here
+            raise ConfigError(
+                f"kv_connector_extra_config 'copy_backend' = {self.settings.copy_backend!r}: "
+                f"{exc}; set 'copy_backend': 'torch' to copy with torch"
+            ) from exc
 
     def _plan(self) -> StepPlan:
         meta = self._connector_metadata
@@ -318,6 +335,10 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self._worker is not None:
             self._worker.start_step()
+            if getattr(forward_context, "attn_metadata", True) is None:
+                # a step with no forward (vLLM's kv_connector_no_forward): nothing to overlap,
+                # so let the store thread run (see WorkerTransfers.wait_pending)
+                self._worker.wait_pending(IDLE_WAIT_S)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._worker is not None:

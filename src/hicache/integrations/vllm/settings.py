@@ -35,9 +35,11 @@ KEYS = (
     "save_decode",
     "metrics_port",
     "metrics",
+    "copy_backend",
 )
 SOURCE = "kv_connector_extra_config"
 METRICS_MODES = ("off", "register")
+COPY_BACKENDS = ("auto", "native", "torch")
 _GIB = 1 << 30
 
 
@@ -53,6 +55,9 @@ class ConnectorSettings:
     save_decode: bool = True
     metrics_port: int | None = None  # serve hicache's metrics: scheduler here, rank r at +1+r
     metrics: str = "off"  # "register": into prometheus_client's global REGISTRY
+    # block copies host <-> vLLM's caches: "native" (hicache's C memcpy helper, CPU caches),
+    # "torch" (index_select / index_copy_), "auto": native for CPU caches, torch otherwise
+    copy_backend: str = "auto"
 
     @property
     def host_bytes(self) -> int:
@@ -156,6 +161,13 @@ class ConnectorSettings:
                 f"{', '.join(METRICS_MODES)}"
             )
         out["metrics"] = mode
+        copy = config.get("copy_backend", "auto")
+        if copy not in COPY_BACKENDS:
+            raise ConfigError(
+                f"kv_connector_extra_config 'copy_backend' = {copy!r}: expected one of "
+                f"{', '.join(COPY_BACKENDS)}"
+            )
+        out["copy_backend"] = copy
         _layer_hicache_config(config, out, os.environ if env is None else env)
         settings = cls(**out)
         if settings.storage_backend is not None:
