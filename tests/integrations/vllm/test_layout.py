@@ -1,0 +1,77 @@
+"""Which of vLLM's KV cache group layouts HiCacheConnector saves (built from vLLM's own spec
+classes, no engine): dense, one attention group beside state groups, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integrations.vllm.vllm_support import require_vllm
+
+require_vllm()
+
+import torch  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+from hicache.domain import ConfigError  # noqa: E402
+from hicache.integrations.vllm.connector import layout_of  # noqa: E402
+
+BLOCK = 160
+
+
+def attn() -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+
+
+def mamba() -> MambaSpec:
+    return MambaSpec(
+        block_size=BLOCK,
+        shapes=((3, 1024), (8, 64, 64)),
+        dtypes=(torch.bfloat16, torch.bfloat16),
+        page_size_padded=81920,
+        mamba_cache_mode="align",
+    )
+
+
+def config(*groups: KVCacheGroupSpec) -> KVCacheConfig:
+    return KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=list(groups))
+
+
+def test_one_attention_group_is_a_dense_layout() -> None:
+    layout = layout_of(config(KVCacheGroupSpec(["l0", "l1"], attn())))
+    assert [name for name, _ in layout.kv] == ["l0", "l1"]
+    assert layout.state == ()
+    assert layout.page_bytes == 2 * attn().page_size_bytes
+
+
+def test_state_groups_beside_attention_are_saved_without_their_padding() -> None:
+    layout = layout_of(
+        config(
+            KVCacheGroupSpec(["g0"], mamba()),
+            KVCacheGroupSpec(["g1"], mamba()),
+            KVCacheGroupSpec(["a"], attn()),
+        )
+    )
+    assert layout.attn_group == 2
+    assert layout.state_groups == (0, 1)
+    used = (3 * 1024 + 8 * 64 * 64) * 2  # conv + recurrent state, bf16: 71,680 of 81,920
+    assert layout.state == (("g0", 0, used), ("g1", 1, used))
+
+
+def test_sliding_window_groups_are_refused_naming_the_way_out() -> None:
+    window = SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16, sliding_window=128
+    )
+    with pytest.raises(ConfigError, match="disable_hybrid_kv_cache_manager"):
+        layout_of(config(KVCacheGroupSpec(["a"], attn()), KVCacheGroupSpec(["w"], window)))
+
+
+def test_hybrid_without_prefix_caching_of_states_is_refused() -> None:
+    groups = (KVCacheGroupSpec(["g0"], mamba()), KVCacheGroupSpec(["a"], attn()))
+    with pytest.raises(ConfigError, match="mamba_cache_mode 'none'"):
+        layout_of(config(*groups), "none")
