@@ -136,3 +136,20 @@ def test_hybrid_two_process_mode_host_and_storage_hits_give_identical_tokens(
     restart = _gen(result, 1, 0)
     assert restart["cached"] == HYBRID_HIT
     assert restart["tokens"] == recompute["tokens"]
+
+
+def test_hybrid_tensor_parallel_ranks_save_and_hit_states_together(
+    qwen3_next: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """tp 2 on vLLM's CPU backend (one core per rank): each rank saves its shard of the KV
+    and of every Gated DeltaNet state under its own store keys; a hit needs both ranks."""
+    tmp = tmp_path_factory.mktemp("vllm-hybrid-tp2")
+    spec = hybrid_two_process_spec(qwen3_next, tmp)
+    spec["tp"] = 2
+    result = run_spec(spec, tmp, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    recompute, host, restart = _gen(result, 0, 0), _gen(result, 0, 2), _gen(result, 1, 0)
+    assert recompute["cached"] == 0
+    assert host["cached"] == HYBRID_HIT
+    assert host["tokens"] == recompute["tokens"]
+    assert restart["cached"] == HYBRID_HIT
+    assert restart["tokens"] == recompute["tokens"]
