@@ -1,13 +1,15 @@
 """Runs vLLM with HiCacheConnector in a child process and prints what happened as JSON.
 
 ``python -m tests.integrations.vllm.runner SPEC.json`` where SPEC is {"model": folder,
-"mode": "inproc" | "mp", "tp": 1, "prompts": [[token ids], ...], "phases": [...]}; each phase
-starts one LLM (``connector``: the kv_connector_extra_config, or null for none) and runs its
-``steps``: ["gen", [prompt indexes]] | ["followup", i, n] (the next turn of a chat: prompt i,
-its last output and n more tokens) | ["reset"] (vLLM's prefix cache) | ["reset_all"] (and
-hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's flag files) |
-["damage", store folder] (flip a byte in every stored object). The last stdout line is
-``HICACHE-RESULT {"phases": [[step result, ...], ...]}``; a "gen" result is a list of
+"mode": "inproc" | "mp", "tp": 1, "llm": {more LLM keyword arguments}, "prompts": [[token
+ids], ...], "phases": [...]}; each phase starts one LLM (``connector``: the
+kv_connector_extra_config, or null for none; ``llm``: more keyword arguments, over the spec's)
+and runs its ``steps``: ["gen", [prompt indexes]] | ["followup", i, n] (the next turn of a
+chat: prompt i, its last output and n more tokens) | ["reset"] (vLLM's prefix cache) |
+["reset_all"] (and hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's
+flag files) | ["damage", store folder] (flip a byte in every stored object). The last stdout line is
+``HICACHE-RESULT {"phases": [[step result, ...], ...], "block_sizes": [each phase's block
+size as vLLM settled it]}``; a "gen" result is a list of
 {"tokens", "cached" (vLLM's num_cached_tokens), "ms"}.
 
 One process per call: vLLM keeps global state (its platform, the connector group) that does
@@ -55,7 +57,11 @@ def _followup(prompt: list[int], reply: list[int], n: int) -> list[int]:
 
 
 def _llm(
-    model: str, connector: dict[str, object] | None, name: str = "HiCacheConnector", tp: int = 1
+    model: str,
+    connector: dict[str, object] | None,
+    name: str = "HiCacheConnector",
+    tp: int = 1,
+    extra: dict[str, object] | None = None,
 ) -> object:
     from vllm import LLM
     from vllm.config import KVTransferConfig
@@ -85,6 +91,7 @@ def _llm(
         kv_transfer_config=kv,
         seed=0,
         tensor_parallel_size=tp,
+        **(extra or {}),
     )
 
 
@@ -96,6 +103,7 @@ def run(spec: dict[str, object]) -> dict[str, object]:
     )
     prompts: list[list[int]] = spec["prompts"]  # type: ignore[assignment]
     out: list[list[object]] = []
+    blocks: list[int] = []
     last: dict[int, list[int]] = {}  # prompt index -> its last output
     for phase in spec["phases"]:  # type: ignore[attr-defined]
         llm = _llm(
@@ -103,7 +111,10 @@ def run(spec: dict[str, object]) -> dict[str, object]:
             phase.get("connector"),
             phase.get("name", "HiCacheConnector"),
             int(spec.get("tp", 1)),
+            {**spec.get("llm", {}), **phase.get("llm", {})},  # type: ignore[dict-item]
         )
+        # The attention block vLLM settled on (hybrid models: set by the state page's size).
+        blocks.append(llm.llm_engine.vllm_config.cache_config.block_size)  # type: ignore[attr-defined]
         results: list[object] = []
         for step in phase["steps"]:
             if step[0] in ("gen", "followup"):
@@ -156,7 +167,7 @@ def run(spec: dict[str, object]) -> dict[str, object]:
         import gc
 
         gc.collect()
-    return {"phases": out}
+    return {"phases": out, "block_sizes": blocks}
 
 
 if __name__ == "__main__":

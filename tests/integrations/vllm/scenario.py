@@ -102,7 +102,10 @@ def two_process_spec(model: Path, tmp: Path) -> dict[str, Any]:
     }
 
 
-# Hybrid (tiny Qwen3-Next): vLLM makes its attention block 160 tokens (the state page sets it).
+# Hybrid (tiny Qwen3-Next): vLLM makes its attention block 160 tokens (the state page sets it)
+# with the Gated DeltaNet state in bf16. HYBRID_LLM asks for bf16: on a CPU with AVX-512 BF16
+# vLLM's default ("auto") becomes float32 (vllm/platforms/cpu.py), whose larger state page makes
+# the block 288, and the prompts below are laid out for 160. The float32 phase tests that case.
 # The tiny model's output depends on about its last 160 tokens only (a random prefix further
 # back changes nothing), so the prompts leave few tokens after the hit for the checks to bite.
 # HPROMPT0: 490 tokens; vLLM prefills 480 (3 blocks: the state at 480 is kept), then 10.
@@ -115,6 +118,7 @@ HPROMPT1 = HPROMPT0[:485] + [_rng.randrange(1, 1000) for _ in range(5)]
 HPROMPT2 = [_rng.randrange(1, 1000) for _ in range(630)]
 HYBRID_HIT = 480
 HYBRID_FOLLOWUP_HIT = 640
+HYBRID_LLM = {"mamba_ssm_cache_dtype": "bfloat16"}
 
 
 def hybrid_spec(model: Path, tmp: Path) -> dict[str, Any]:
@@ -126,6 +130,7 @@ def hybrid_spec(model: Path, tmp: Path) -> dict[str, Any]:
     return {
         "model": str(model),
         "mode": "inproc",
+        "llm": HYBRID_LLM,
         "prompts": [HPROMPT0, HPROMPT1, HPROMPT2],
         "phases": [
             {
@@ -170,6 +175,13 @@ def hybrid_spec(model: Path, tmp: Path) -> dict[str, Any]:
                     ["gen", [0]],  # d15: damaged objects: checksum -> recompute
                 ],
             },
+            {
+                # float32 states (larger state pages, so a larger attention block): recompute,
+                # then a host hit at the first boundary (HPROMPT0 is prefilled up to it first)
+                "llm": {"mamba_ssm_cache_dtype": "float32"},
+                "connector": {"host_gib": 0.05},
+                "steps": [["gen", [0]], ["reset"], ["gen", [0]]],
+            },
         ],
     }
 
@@ -181,6 +193,7 @@ def hybrid_two_process_spec(model: Path, tmp: Path) -> dict[str, Any]:
     return {
         "model": str(model),
         "mode": "mp",
+        "llm": HYBRID_LLM,
         "prompts": [HPROMPT0],
         "phases": [
             {"connector": connector, "steps": [["gen", [0]], ["reset"], ["gen", [0]]]},

@@ -22,6 +22,7 @@ from tests.integrations.vllm.vllm_support import require_vllm
 require_vllm()
 
 from tests.integrations.vllm.scenario import (  # noqa: E402
+    HBLOCK,
     HYBRID_FOLLOWUP_HIT,
     HYBRID_HIT,
     hybrid_spec,
@@ -53,7 +54,16 @@ def qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hybrid(qwen3_next: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("vllm-hybrid")
-    return run_spec(hybrid_spec(qwen3_next, tmp), tmp)
+    return _planned(run_spec(hybrid_spec(qwen3_next, tmp), tmp), phases=4)
+
+
+def _planned(result: dict[str, Any], phases: int) -> dict[str, Any]:
+    """The result, once its first ``phases`` (bf16 states) ran at the block the prompts are
+    laid out for: another block would fail every hit count below for a reason they do not name."""
+    blocks = result["block_sizes"][:phases]
+    if blocks != [HBLOCK] * phases:
+        raise AssertionError(f"vLLM chose attention blocks {blocks}, the prompts expect {HBLOCK}")
+    return result
 
 
 def _gen(result: dict[str, Any], phase: int, step: int) -> dict[str, Any]:
@@ -124,11 +134,25 @@ def test_hybrid_damaged_stored_bytes_are_recomputed_by_checksum(hybrid: dict[str
     assert got["tokens"] == _gen(hybrid, 0, 0)["tokens"]
 
 
+def test_hybrid_float32_states_hit_at_their_own_block_with_identical_tokens(
+    hybrid: dict[str, Any],
+) -> None:
+    """float32 Gated DeltaNet states (vLLM's default on CPUs with AVX-512 BF16): a state page
+    twice as large, so vLLM makes the attention block larger; HPROMPT0 is prefilled up to the
+    first boundary, whose KV and state the connector restores."""
+    block = hybrid["block_sizes"][4]
+    assert block > HBLOCK
+    recompute, hit = _gen(hybrid, 4, 0), _gen(hybrid, 4, 2)
+    assert recompute["cached"] == 0
+    assert hit["cached"] == block
+    assert hit["tokens"] == recompute["tokens"]
+
+
 def test_hybrid_two_process_mode_host_and_storage_hits_give_identical_tokens(
     qwen3_next: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("vllm-hybrid-mp")
-    result = run_spec(hybrid_two_process_spec(qwen3_next, tmp), tmp)
+    result = _planned(run_spec(hybrid_two_process_spec(qwen3_next, tmp), tmp), phases=2)
     recompute, host = _gen(result, 0, 0), _gen(result, 0, 2)
     assert recompute["cached"] == 0
     assert host["cached"] == HYBRID_HIT
@@ -146,7 +170,7 @@ def test_hybrid_tensor_parallel_ranks_save_and_hit_states_together(
     tmp = tmp_path_factory.mktemp("vllm-hybrid-tp2")
     spec = hybrid_two_process_spec(qwen3_next, tmp)
     spec["tp"] = 2
-    result = run_spec(spec, tmp, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    result = _planned(run_spec(spec, tmp, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}), phases=2)
     recompute, host, restart = _gen(result, 0, 0), _gen(result, 0, 2), _gen(result, 1, 0)
     assert recompute["cached"] == 0
     assert host["cached"] == HYBRID_HIT
