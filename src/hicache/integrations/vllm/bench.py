@@ -1,10 +1,10 @@
 """`hicache bench vllm`: time to first token of a real vLLM with and without HiCacheConnector.
 
 One process, vLLM in its single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0, eager), one
-LLM instance per configuration on a tiny random-weight model made with transformers: a Llama,
-or with ``kind="qwen3-next"`` a hybrid Qwen3-Next (3 Gated DeltaNet layers, 1 attention layer;
-vLLM's ExampleConnector cannot run hybrid models, so its figure is null there) (or
-``--model``). Each configuration first runs the prompt once (recompute: it also fills the
+LLM instance per configuration on a tiny random-weight model made with transformers: a Llama
+(8 layers, hidden 512), or with ``kind="qwen3-next"`` a hybrid Qwen3-Next (6 Gated DeltaNet
+layers, 2 attention layers; vLLM's ExampleConnector cannot run hybrid models, so its figure is
+null there) (or ``--model``). Each configuration first runs the prompt once (recompute: it also fills the
 cache under test), then times a one-token generate (the TTFT) of the same prompt:
 
 - recompute: no connector, vLLM's prefix cache reset before the timed run;
@@ -21,11 +21,13 @@ tokens; hicache's hit covers the reply's full block too (save_decode): 4,128 of 
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +58,12 @@ def make_tiny_llama(folder: Path, *, layers: int = 2, hidden: int = 256, seed: i
     return folder
 
 
-def make_tiny_qwen3_next(folder: Path, *, hidden: int = 256, seed: int = 0) -> Path:
-    """A Qwen3NextForCausalLM with random weights: 3 Gated DeltaNet layers and 1 full-attention
-    layer (vLLM: 3 state groups and 1 attention group), initializer_range 0.25."""
+def make_tiny_qwen3_next(
+    folder: Path, *, layers: int = 4, hidden: int = 256, seed: int = 0
+) -> Path:
+    """A Qwen3NextForCausalLM with random weights: per 4 layers, 3 Gated DeltaNet layers and 1
+    full-attention layer (4 layers: vLLM makes 3 state groups and 1 attention group),
+    initializer_range 0.25."""
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -69,8 +74,8 @@ def make_tiny_qwen3_next(folder: Path, *, hidden: int = 256, seed: int = 0) -> P
         vocab_size=1024,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_hidden_layers=layers,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
         num_attention_heads=hidden // 64,
         num_key_value_heads=2,
         head_dim=64,
@@ -91,10 +96,16 @@ def make_tiny_qwen3_next(folder: Path, *, hidden: int = 256, seed: int = 0) -> P
     return folder
 
 
-KINDS = {"llama": make_tiny_llama, "qwen3-next": make_tiny_qwen3_next}
+# 8 layers of hidden 512: recompute of 4,096 tokens takes over 1 s on a 2-core x86 VM with
+# AVX-512 BF16 (the 2-layer, hidden-256 models the tests use recompute it in about 0.2-0.4 s
+# there), and the KV (16 MiB for the Llama) is large enough for a load to cost something.
+KINDS: dict[str, Callable[[Path], Path]] = {
+    "llama": functools.partial(make_tiny_llama, layers=8, hidden=512),
+    "qwen3-next": functools.partial(make_tiny_qwen3_next, layers=8, hidden=512),
+}
 DESCRIPTIONS = {
-    "llama": "tiny-llama (2 layers, hidden 256, random weights)",
-    "qwen3-next": "tiny-qwen3-next (3 Gated DeltaNet + 1 attention layers, hidden 256, random "
+    "llama": "tiny-llama (8 layers, hidden 512, random weights)",
+    "qwen3-next": "tiny-qwen3-next (6 Gated DeltaNet + 2 attention layers, hidden 512, random "
     "weights)",
 }
 
