@@ -7,10 +7,10 @@ kv_connector_extra_config, or null for none; ``llm``: more keyword arguments, ov
 and runs its ``steps``: ["gen", [prompt indexes]] | ["followup", i, n] (the next turn of a
 chat: prompt i, its last output and n more tokens) | ["reset"] (vLLM's prefix cache) |
 ["reset_all"] (and hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's
-flag files) | ["damage", store folder] (flip a byte in every stored object). The last stdout line is
-``HICACHE-RESULT {"phases": [[step result, ...], ...], "block_sizes": [each phase's block
-size as vLLM settled it]}``; a "gen" result is a list of
-{"tokens", "cached" (vLLM's num_cached_tokens), "ms"}.
+flag files) | ["damage", store folder] (flip a byte in every stored object). The last stdout
+line is ``HICACHE-RESULT {"phases": [[step result, ...], ...], "block_sizes": [each phase's
+block size as vLLM settled it]}``; a "gen" result is a list of {"tokens", "cached" (vLLM's
+num_cached_tokens), "ms"}.
 
 One process per call: vLLM keeps global state (its platform, the connector group) that does
 not reset between processes' LLM instances cleanly across modes.

@@ -54,14 +54,22 @@ def qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hybrid(qwen3_next: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("vllm-hybrid")
-    return _planned(run_spec(hybrid_spec(qwen3_next, tmp), tmp), phases=4)
+    return _run_planned(hybrid_spec(qwen3_next, tmp), tmp)
 
 
-def _planned(result: dict[str, Any], phases: int) -> dict[str, Any]:
-    """The result, once its first ``phases`` (bf16 states) ran at the block the prompts are
-    laid out for: another block would fail every hit count below for a reason they do not name."""
-    blocks = result["block_sizes"][:phases]
-    if blocks != [HBLOCK] * phases:
+def _run_planned(
+    spec: dict[str, Any], tmp: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """run_spec's result, once every phase with the spec's own LLM settings (bf16 states) ran
+    at the block the prompts are laid out for: another block would fail every hit count below
+    for a reason they do not name."""
+    result = run_spec(spec, tmp, env)
+    blocks = [
+        b
+        for b, phase in zip(result["block_sizes"], spec["phases"], strict=True)
+        if "llm" not in phase
+    ]
+    if any(b != HBLOCK for b in blocks):
         raise AssertionError(f"vLLM chose attention blocks {blocks}, the prompts expect {HBLOCK}")
     return result
 
@@ -152,7 +160,7 @@ def test_hybrid_two_process_mode_host_and_storage_hits_give_identical_tokens(
     qwen3_next: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     tmp = tmp_path_factory.mktemp("vllm-hybrid-mp")
-    result = _planned(run_spec(hybrid_two_process_spec(qwen3_next, tmp), tmp), phases=2)
+    result = _run_planned(hybrid_two_process_spec(qwen3_next, tmp), tmp)
     recompute, host = _gen(result, 0, 0), _gen(result, 0, 2)
     assert recompute["cached"] == 0
     assert host["cached"] == HYBRID_HIT
@@ -170,7 +178,7 @@ def test_hybrid_tensor_parallel_ranks_save_and_hit_states_together(
     tmp = tmp_path_factory.mktemp("vllm-hybrid-tp2")
     spec = hybrid_two_process_spec(qwen3_next, tmp)
     spec["tp"] = 2
-    result = _planned(run_spec(spec, tmp, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}), phases=2)
+    result = _run_planned(spec, tmp, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
     recompute, host, restart = _gen(result, 0, 0), _gen(result, 0, 2), _gen(result, 1, 0)
     assert recompute["cached"] == 0
     assert host["cached"] == HYBRID_HIT

@@ -4,8 +4,9 @@ One process, vLLM in its single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0, 
 LLM instance per configuration on a tiny random-weight model made with transformers: a Llama
 (8 layers, hidden 512), or with ``kind="qwen3-next"`` a hybrid Qwen3-Next (6 Gated DeltaNet
 layers, 2 attention layers; vLLM's ExampleConnector cannot run hybrid models, so its figure is
-null there) (or ``--model``). Each configuration first runs the prompt once (recompute: it also fills the
-cache under test), then times a one-token generate (the TTFT) of the same prompt:
+null there) (or ``--model``). Each configuration first runs the prompt once (recompute: it
+also fills the cache under test), then times a one-token generate (the TTFT) of the same
+prompt:
 
 - recompute: no connector, vLLM's prefix cache reset before the timed run;
 - vllm_prefix_cache: no connector, the timed run hits vLLM's own prefix cache (the floor);
@@ -61,8 +62,8 @@ def make_tiny_llama(folder: Path, *, layers: int = 2, hidden: int = 256, seed: i
 def make_tiny_qwen3_next(
     folder: Path, *, layers: int = 4, hidden: int = 256, seed: int = 0
 ) -> Path:
-    """A Qwen3NextForCausalLM with random weights: per 4 layers, 3 Gated DeltaNet layers and 1
-    full-attention layer (4 layers: vLLM makes 3 state groups and 1 attention group),
+    """A Qwen3NextForCausalLM with random weights: every 4th layer full attention, the others
+    Gated DeltaNet (4 layers: vLLM makes 3 state groups and 1 attention group),
     initializer_range 0.25."""
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -75,7 +76,7 @@ def make_tiny_qwen3_next(
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
         num_attention_heads=hidden // 64,
         num_key_value_heads=2,
         head_dim=64,
