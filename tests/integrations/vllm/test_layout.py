@@ -19,7 +19,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 
 from hicache.domain import ConfigError  # noqa: E402
-from hicache.integrations.vllm.connector import layout_of  # noqa: E402
+from hicache.integrations.vllm.layout import layout_of  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 BLOCK = 160

@@ -3,6 +3,9 @@
 - HiCacheConnector (hicache.integrations.vllm.connector): name it in ``--kv-transfer-config``
   with ``"kv_connector": "HiCacheConnector"`` and
   ``"kv_connector_module_path": "hicache.integrations.vllm"``. Importing it imports vLLM.
+  It dispatches each hook to its role's object: SchedulerConnector (scheduler_role) or
+  WorkerConnector (worker_role); Layout and Shape (layout), the metadata the roles exchange
+  (metadata) and vLLM's metrics objects (vllm_metrics) import vLLM too.
 - ConnectorSettings (settings), HostIndex (host_index), SchedulerSide (scheduler),
   WorkerTransfers (worker), StepPlan and the per-page events (plan), ConnectorStats (stats),
   the process's hicache metrics (exporter): the parts, importable without vLLM.

@@ -1,0 +1,140 @@
+"""Which of vLLM's KV cache groups the connector saves, and the host tier's shape from them.
+
+- Layout / layout_of(kv_cache_config, mamba_cache_mode): the attention group, its layers and
+  bytes per block, and (hybrid models) the state groups and each state layer's used bytes;
+  ConfigError for group layouts the connector cannot save.
+- Shape.of(vllm_config, kv_cache_config, settings): the Layout plus what follows from it and
+  the settings: block size, host slots for KV pages and for states, the rank count and the
+  namespace of store keys (model, dtype, block size, layout, tensor parallel size).
+
+Reference: vllm/v1/kv_cache_interface.py (AttentionSpec, FullAttentionSpec, MambaSpec),
+vllm/v1/core/single_type_kv_cache_manager.py (MambaManager, align mode).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import TYPE_CHECKING
+
+import attrs
+from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, MambaSpec
+
+from hicache.domain import ConfigError
+from hicache.integrations.vllm.settings import ConnectorSettings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+STATE_SHARE = 0.25  # of host_gib, for a hybrid model's state pages
+
+
+@attrs.frozen
+class Layout:
+    """Which of vLLM's KV cache groups hicache saves, and how many bytes each unit is."""
+
+    attn_group: int
+    kv: tuple[tuple[str, int], ...]  # (attention layer, bytes per block)
+    state_groups: tuple[int, ...] = ()  # hybrid: the state groups, in order
+    state: tuple[tuple[str, int, int], ...] = ()  # (state layer, group position, used bytes)
+
+    @property
+    def page_bytes(self) -> int:
+        return sum(n for _, n in self.kv)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(n for _, _, n in self.state)
+
+
+def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -> Layout:
+    """The Layout of ``kv_cache_config``; ConfigError for groups hicache cannot save."""
+    groups = kv_cache_config.kv_cache_groups
+    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+    if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, AttentionSpec):
+        spec = groups[0].kv_cache_spec
+        return Layout(0, tuple((name, spec.page_size_bytes) for name in groups[0].layer_names))
+    attn = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, FullAttentionSpec)]
+    mamba = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
+    if len(attn) != 1 or len(attn) + len(mamba) != len(groups):
+        raise ConfigError(
+            f"HiCacheConnector: the model has KV cache groups {kinds}; supported are one "
+            "attention group (dense models) or one full-attention group beside Mamba / linear "
+            "attention state groups (hybrid models such as Qwen3-Next); for sliding-window "
+            "models start vLLM with disable_hybrid_kv_cache_manager=True "
+            "(--disable-hybrid-kv-cache-manager): one attention group"
+        )
+    if mamba_cache_mode != "align":
+        raise ConfigError(
+            f"HiCacheConnector: a hybrid model with mamba_cache_mode {mamba_cache_mode!r}; "
+            "expected 'align' (vLLM's prefix caching of states: enable_prefix_caching=True)"
+        )
+    spec = groups[attn[0]].kv_cache_spec
+    state: list[tuple[str, int, int]] = []
+    for pos, g in enumerate(mamba):
+        mspec = groups[g].kv_cache_spec
+        used = sum(
+            math.prod(shape) * dtype.itemsize
+            for shape, dtype in zip(mspec.shapes, mspec.dtypes, strict=True)
+        )
+        state.extend((name, pos, used) for name in groups[g].layer_names)
+    return Layout(
+        attn[0],
+        tuple((name, spec.page_size_bytes) for name in groups[attn[0]].layer_names),
+        tuple(mamba),
+        tuple(state),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class Shape:
+    """The host tier and store keys of one connector (both roles compute the same)."""
+
+    layout: Layout
+    block_size: int
+    host_slots: int  # KV pages (one block of every attention layer)
+    state_slots: int  # hybrid: states (one state of every state layer); 0 for dense models
+    state_host_bytes: int
+    ranks: int  # tensor parallel ranks: one store object per rank and page
+    namespace: str
+
+    @property
+    def page_bytes(self) -> int:
+        return self.layout.page_bytes
+
+    @classmethod
+    def of(
+        cls, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, settings: ConnectorSettings
+    ) -> Shape:
+        block_size = int(vllm_config.cache_config.block_size)
+        mode = str(getattr(vllm_config.cache_config, "mamba_cache_mode", "none"))
+        layout = layout_of(kv_cache_config, mode)
+        host = settings.host_bytes
+        state_host = int(host * STATE_SHARE) if layout.state else 0
+        host_slots = (host - state_host) // layout.page_bytes
+        state_slots = state_host // layout.state_bytes if layout.state else 0
+        if host_slots < 1 or (layout.state and state_slots < 1):
+            raise ConfigError(
+                f"kv_connector_extra_config 'host_gib' = {settings.host_gib}: less than one "
+                f"page ({layout.page_bytes} bytes: one block of every layer)"
+                + (
+                    f" or one state ({layout.state_bytes} bytes, in the "
+                    f"{STATE_SHARE:.0%} of host_gib kept for states)"
+                    if layout.state
+                    else ""
+                )
+            )
+        par = vllm_config.parallel_config
+        model = vllm_config.model_config
+        tp = int(par.tensor_parallel_size)
+        ident = repr((model.model, str(model.dtype), block_size, layout, tp))
+        return cls(
+            layout=layout,
+            block_size=block_size,
+            host_slots=host_slots,
+            state_slots=state_slots,
+            state_host_bytes=state_host,
+            ranks=tp * int(par.pipeline_parallel_size),
+            namespace="vllm-" + hashlib.sha256(ident.encode()).hexdigest()[:32],
+        )

@@ -1,0 +1,125 @@
+"""The connector's SCHEDULER role: vLLM's scheduler-side hooks translated for SchedulerSide.
+
+- SchedulerConnector: get_num_new_matched_tokens, update_state_after_alloc,
+  build_connector_meta, update_connector_output, request_finished, reset_cache. It reads
+  vLLM's Request, KVCacheBlocks and SchedulerOutput and hands plain values (token ids, block
+  ids) to hicache.integrations.vllm.scheduler.SchedulerSide, which decides hits and plans.
+
+Reference: vllm/distributed/kv_transfer/kv_connector/v1/base.py (the scheduler-side methods),
+vllm/v1/core/sched/output.py (SchedulerOutput).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hicache.domain.storage import Store, StoreKey
+from hicache.integrations.vllm.layout import Shape
+from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
+from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
+from hicache.integrations.vllm.settings import ConnectorSettings
+from hicache.integrations.vllm.stats import ConnectorStats
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+
+class SchedulerConnector:
+    """The scheduler half of HiCacheConnector (one per vLLM engine core)."""
+
+    def __init__(
+        self,
+        shape: Shape,
+        settings: ConnectorSettings,
+        *,
+        store: Store | None,
+        store_keys: Callable[[bytes], list[StoreKey]],
+        stats: ConnectorStats,
+    ) -> None:
+        self.shape = shape
+        self.side = SchedulerSide(
+            block_size=shape.block_size,
+            host_slots=shape.host_slots,
+            store=store,
+            store_keys=store_keys,
+            write_storage=settings.writes_storage,
+            save_decode=settings.save_decode,
+            ranks=shape.ranks,
+            stats=stats,
+            state_groups=len(shape.layout.state_groups),
+            state_slots=shape.state_slots,
+        )
+        self._requests: dict[str, Request] = {}
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        self._requests[request.request_id] = request
+        prompt = list(request.prompt_token_ids or [])
+        return self.side.match(request.request_id, prompt, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if num_external_tokens <= 0:
+            self.side.after_alloc(request.request_id, [], 0)
+            return
+        groups = blocks.get_block_ids()
+        layout = self.shape.layout
+        self.side.after_alloc(
+            request.request_id,
+            groups[layout.attn_group],
+            num_external_tokens,
+            [groups[g] for g in layout.state_groups],
+        )
+
+    def build_connector_meta(
+        self, scheduler_output: SchedulerOutput, manager: KVCacheManager
+    ) -> HiCacheMetadata:
+        steps: list[Scheduled] = []
+        counts = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            req = self._requests.get(new.req_id)
+            if req is not None:
+                steps.append(
+                    Scheduled(
+                        new.req_id, req.all_token_ids, new.num_computed_tokens, counts[new.req_id]
+                    )
+                )
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            req = self._requests.get(req_id)
+            if req is not None:
+                steps.append(
+                    Scheduled(
+                        req_id, req.all_token_ids, cached.num_computed_tokens[i], counts[req_id]
+                    )
+                )
+        attn, state = self.shape.layout.attn_group, self.shape.layout.state_groups
+        plan = self.side.build(
+            steps,
+            lambda rid: manager.get_block_ids(rid)[attn],
+            (lambda rid: [manager.get_block_ids(rid)[g] for g in state]) if state else None,
+        )
+        return HiCacheMetadata(plan)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, HiCacheWorkerMetadata):
+            self.side.on_events(meta.events.events)
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        # Saves finish within their step (wait_for_save): vLLM may free the blocks now.
+        self.side.finished(request.request_id)
+        self._requests.pop(request.request_id, None)
+        return False, None
+
+    def reset_cache(self) -> bool:
+        self.side.index.clear_unpinned()
+        if self.side.states is not None:
+            self.side.states.clear_unpinned()
+        return True

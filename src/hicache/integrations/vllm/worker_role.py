@@ -1,0 +1,173 @@
+"""The connector's WORKER role: vLLM's worker-side hooks translated for WorkerTransfers.
+
+- WorkerConnector.register(kv_caches, rank): checks vLLM's registered caches against the
+  Layout and builds the rank's WorkerTransfers (host memory, copies, store I/O).
+- bind / start_load_kv / wait_for_layer_load / save_kv_layer / wait_for_save: one step's plan
+  run around vLLM's forward pass; get_finished, get_transfer_results,
+  get_block_ids_with_load_errors and build_connector_worker_meta report what happened.
+
+Reference: vllm/distributed/kv_transfer/kv_connector/v1/base.py (the worker-side methods),
+vllm/v1/worker/kv_connector_model_runner_mixin.py (when vLLM calls them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hicache.domain import CacheStateError, ConfigError, TransferError
+from hicache.domain.storage import Store, StoreKey
+from hicache.integrations.vllm.layout import Shape
+from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
+from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
+from hicache.integrations.vllm.settings import ConnectorSettings
+from hicache.integrations.vllm.stats import ConnectorStats
+from hicache.integrations.vllm.worker import (
+    RowCopier,
+    WorkerTransfers,
+    block_rows,
+    choose_copier,
+    state_rows,
+)
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorMetadata,
+        KVConnectorTransferResults,
+    )
+    from vllm.forward_context import ForwardContext
+
+IDLE_WAIT_S = 0.02  # longest wait for the store thread in a step without a forward
+
+
+class WorkerConnector:
+    """The worker half of HiCacheConnector (one per vLLM worker, i.e. per rank)."""
+
+    def __init__(
+        self,
+        shape: Shape,
+        settings: ConnectorSettings,
+        *,
+        num_blocks: int,
+        store: Store | None,
+        store_key: Callable[[int, bytes], StoreKey],
+        stats: ConnectorStats,
+    ) -> None:
+        self.shape = shape
+        self.settings = settings
+        self.num_blocks = num_blocks
+        self.store = store
+        self.store_key = store_key
+        self.stats = stats
+        self._transfers: WorkerTransfers | None = None
+
+    @property
+    def transfers(self) -> WorkerTransfers:
+        if self._transfers is None:
+            raise CacheStateError(
+                "HiCacheConnector worker: no KV caches registered yet (vLLM calls "
+                "register_kv_caches before the first step)"
+            )
+        return self._transfers
+
+    def register(self, kv_caches: dict[str, torch.Tensor], rank: int) -> None:
+        layout, num_blocks = self.shape.layout, self.num_blocks
+        layers = []
+        for name, nbytes in layout.kv:
+            if name not in kv_caches:
+                raise ConfigError(f"HiCacheConnector: vLLM registered no cache for layer {name!r}")
+            rows = block_rows(name, kv_caches[name], num_blocks)
+            if rows.shape[1] != nbytes:
+                raise ConfigError(
+                    f"HiCacheConnector: layer {name!r} has {rows.shape[1]} bytes per block; "
+                    f"vLLM's cache spec says {nbytes}"
+                )
+            layers.append((name, rows))
+        states = []
+        for name, pos, nbytes in layout.state:
+            if name not in kv_caches:
+                raise ConfigError(f"HiCacheConnector: vLLM registered no cache for layer {name!r}")
+            rows = state_rows(name, kv_caches[name], num_blocks)
+            if rows.shape[1] != nbytes:
+                raise ConfigError(
+                    f"HiCacheConnector: state layer {name!r} has {rows.shape[1]} bytes per "
+                    f"block; vLLM's state spec says {nbytes}"
+                )
+            states.append((name, pos, rows))
+        self._transfers = WorkerTransfers(
+            layers,
+            host_bytes=self.shape.host_slots * self.shape.page_bytes,
+            store=self.store,
+            store_key=lambda page: self.store_key(rank, page),
+            stats=self.stats,
+            rank=rank,
+            state_layers=states,
+            state_host_bytes=self.shape.state_host_bytes,
+            copier=self._copier([rows for _, rows in layers]),
+        )
+
+    def _copier(self, caches: list[torch.Tensor]) -> RowCopier:
+        try:
+            return choose_copier(self.settings.copy_backend, caches)
+        except TransferError as exc:  # the native helper could not be built here
+            raise ConfigError(
+                f"kv_connector_extra_config 'copy_backend' = {self.settings.copy_backend!r}: "
+                f"{exc}; set 'copy_backend': 'torch' to copy with torch"
+            ) from exc
+
+    # vLLM may run a forward (its profiling and warm-up runs) before it registers the caches:
+    # until then every hook is a no-op that reports nothing.
+
+    def bind(self, metadata: KVConnectorMetadata) -> None:
+        if self._transfers is not None:
+            plan = metadata.plan if isinstance(metadata, HiCacheMetadata) else StepPlan()
+            self._transfers.bind(plan)
+
+    def start_load_kv(self, forward_context: ForwardContext) -> None:
+        t = self._transfers
+        if t is None:
+            return
+        t.start_step()
+        if getattr(forward_context, "attn_metadata", True) is None:
+            # a step with no forward (vLLM's kv_connector_no_forward): nothing to overlap,
+            # so let the store thread run (see WorkerTransfers.wait_pending)
+            t.wait_pending(IDLE_WAIT_S)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._transfers is not None:
+            self._transfers.wait_layer(layer_name)
+
+    def save_kv_layer(self, layer_name: str) -> None:
+        if self._transfers is not None:
+            self._transfers.save_layer(layer_name)
+
+    def wait_for_save(self) -> None:
+        if self._transfers is not None:
+            self._transfers.finish_step()
+
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        if self._transfers is None:
+            return None, None
+        return None, self._transfers.drain_finished() or None
+
+    def get_transfer_results(self, results: type[KVConnectorTransferResults]) -> Any:
+        t = self._transfers
+        if t is None:
+            return results()
+        failed = t.drain_failed()
+        return results(finished_recving=t.drain_finished() | failed, failed_recving=failed)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._transfers.drain_errors() if self._transfers is not None else set()
+
+    def build_connector_worker_meta(self) -> HiCacheWorkerMetadata | None:
+        if self._transfers is None:
+            return None
+        events = self._transfers.drain_events()
+        return HiCacheWorkerMetadata(WorkerEvents(events)) if events else None
+
+    def shutdown(self) -> None:
+        if self._transfers is not None:
+            self._transfers.close()
