@@ -22,13 +22,13 @@ import pytest
 
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap.runtime import open_runtime
+from hicache.cache.face import HiCache
+from hicache.cache.match import CacheMatch
+from hicache.cache.sync import open_sync_cache
+from hicache.cache.values import InsertResult
 from hicache.domain import HiCacheError, HitPolicy, HostGroupPlan, LayerBinding, PoolName
 from hicache.domain.tiers import Tier
 from hicache.engine import open_sync
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_match import CacheMatch
-from hicache.engine.cache_sync import open_sync_cache
-from hicache.engine.cache_values import InsertResult
 from tests.engine.fakes import Rig, dense_plan
 from tests.engine.fakes import hybrid_plan as _hybrid_plan
 from tests.storage.conftest import key, page

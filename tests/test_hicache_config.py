@@ -12,8 +12,8 @@ import pytest
 
 from hicache.bootstrap import HiCacheConfig, load_model_spec
 from hicache.bootstrap.config_keys import BY_ENV, COPY_BACKENDS, KEYS, OTHER_ENV_VARS, SECTIONS
+from hicache.cache.values import CacheSettings
 from hicache.domain import ConfigError, PlanSettings, StorageSettings, plan_stack
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
 
 pytestmark = pytest.mark.timeout(60)

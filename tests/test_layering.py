@@ -36,10 +36,16 @@ def modules_after_import(*modules: str) -> set[str]:
     return set(json.loads(proc.stdout))
 
 
-def test_the_package_domain_and_engine_load_without_torch() -> None:
-    loaded = modules_after_import("hicache", "hicache.domain", "hicache.engine")
-    assert "hicache.engine" in loaded
+def test_the_package_domain_engine_and_cache_face_load_without_torch() -> None:
+    loaded = modules_after_import("hicache", "hicache.domain", "hicache.engine", "hicache.cache")
+    assert {"hicache.engine", "hicache.cache.face", "hicache.cache.sync"} <= loaded
     assert "torch" not in loaded
+
+
+def test_the_engine_loads_without_the_cache_face_above_it() -> None:
+    loaded = modules_after_import("hicache.engine")
+    assert "hicache.engine.storage_tier" in loaded
+    assert not {m for m in loaded if m == "hicache.cache" or m.startswith("hicache.cache.")}
 
 
 @pytest.mark.parametrize(

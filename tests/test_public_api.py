@@ -63,6 +63,7 @@ def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
 def test_importing_hicache_loads_neither_the_engine_nor_torch() -> None:
     loaded = modules_after_import("hicache")
     assert "hicache.engine" not in loaded
+    assert "hicache.cache" not in loaded
     assert "hicache.bootstrap" not in loaded
     assert "anyio" not in loaded
     assert "torch" not in loaded
@@ -74,7 +75,8 @@ def test_the_first_use_of_an_engine_name_loads_the_engine_without_torch() -> Non
             sys.executable,
             "-c",
             "import sys, hicache; hicache.HiCache; hicache.open_sync; "
-            "print('hicache.engine' in sys.modules, 'torch' in sys.modules)",
+            "print('hicache.cache' in sys.modules, 'hicache.engine' in sys.modules,"
+            " 'torch' in sys.modules)",
         ],
         capture_output=True,
         text=True,
@@ -82,7 +84,7 @@ def test_the_first_use_of_an_engine_name_loads_the_engine_without_torch() -> Non
         timeout=120,
         check=True,
     )
-    assert proc.stdout.split() == ["True", "False"]
+    assert proc.stdout.split() == ["True", "True", "False"]
 
 
 def _hicache_imports(code: str) -> list[str]:
@@ -110,12 +112,12 @@ def test_the_serving_examples_import_from_hicache_alone(page: str) -> None:
 
 def test_the_import_check_catches_a_deep_import() -> None:
     code = (
-        "import anyio\nfrom hicache.engine.cache_values import CacheSettings\nimport hicache\n"
+        "import anyio\nfrom hicache.cache.values import CacheSettings\nimport hicache\n"
         "    from hicache.bootstrap import (\n        open_cache,\n    )\n...fragment...\n"
         "import os, hicache.domain\nfrom hicache import open_cache\n"
     )
     assert _hicache_imports(code) == [
-        "hicache.engine.cache_values",
+        "hicache.cache.values",
         "hicache",
         "hicache.bootstrap",
         "hicache.domain",

@@ -17,10 +17,11 @@ Everything a serving loop needs comes from here (``from hicache import open_cach
 - configuration and metrics: ``HiCacheConfig``, ``HiCacheMetrics``, ``PerTier``;
 - errors: ``HiCacheError`` and every error under it.
 
-The deep paths (``hicache.domain``, ``hicache.engine``, ``hicache.bootstrap``,
-``hicache.adapters.storage``, ...) stay valid and name the same objects. Importing hicache loads
-only the domain (stdlib + attrs): the engine (anyio, structlog), the bootstrap and the adapters
-(torch) load on the first use of one of their names here.
+The deep paths (``hicache.domain``, ``hicache.engine``, ``hicache.cache``,
+``hicache.bootstrap``, ``hicache.adapters.storage``, ...) stay valid and name the same objects.
+Importing hicache loads only the domain (stdlib + attrs): the engine and the cache face (anyio,
+structlog), the bootstrap and the adapters (torch) load on the first use of one of their names
+here.
 """
 
 from __future__ import annotations
@@ -71,8 +72,7 @@ if TYPE_CHECKING:
     from hicache.bootstrap.hicache_config import HiCacheConfig
     from hicache.bootstrap.runtime import Runtime, open_runtime
     from hicache.bootstrap.storage import open_named_store, open_store, register_store_factory
-    from hicache.engine import (
-        BackupHandle,
+    from hicache.cache import (
         CacheLoad,
         CacheMatch,
         CacheSettings,
@@ -80,21 +80,24 @@ if TYPE_CHECKING:
         EvictResult,
         HiCache,
         InsertResult,
+        PrefetchResult,
+        PrefetchSkip,
+        SyncCache,
+        SyncCacheLoad,
+        open_sync_cache,
+    )
+    from hicache.engine import (
+        BackupHandle,
         LayerwiseBackupHandle,
         LoadHandle,
         OperationState,
         PrefetchPolicy,
-        PrefetchResult,
-        PrefetchSkip,
         RankAgreement,
         SingleProcess,
         StorageTierSettings,
-        SyncCache,
-        SyncCacheLoad,
         SyncEngine,
         TransferEngine,
         open_sync,
-        open_sync_cache,
     )
     from hicache.metrics import HiCacheMetrics
 
@@ -116,7 +119,6 @@ _LAZY: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "BackupHandle",
             "CacheLoad",
             "CacheMatch",
             "CacheSettings",
@@ -124,21 +126,27 @@ _LAZY: dict[str, str] = {
             "EvictResult",
             "HiCache",
             "InsertResult",
+            "PrefetchResult",
+            "PrefetchSkip",
+            "SyncCache",
+            "SyncCacheLoad",
+            "open_sync_cache",
+        ),
+        "hicache.cache",
+    ),
+    **dict.fromkeys(
+        (
+            "BackupHandle",
             "LayerwiseBackupHandle",
             "LoadHandle",
             "OperationState",
             "PrefetchPolicy",
-            "PrefetchResult",
-            "PrefetchSkip",
             "RankAgreement",
             "SingleProcess",
             "StorageTierSettings",
-            "SyncCache",
-            "SyncCacheLoad",
             "SyncEngine",
             "TransferEngine",
             "open_sync",
-            "open_sync_cache",
         ),
         "hicache.engine",
     ),

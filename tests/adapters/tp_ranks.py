@@ -34,7 +34,7 @@ from hicache.adapters.tp_agreement import TorchRankAgreement
 from hicache.bootstrap.cache import open_cache
 from hicache.domain.keys import chain_keys
 from hicache.domain.tiers import Tier, WriteSettings
-from tests.engine.cache_helpers import Request, stack_plan
+from tests.cache.helpers import Request, stack_plan
 
 STORE_THROUGH = WriteSettings(host="write_through", storage="write_through")
 

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap import load_model_spec
 from hicache.bootstrap.cache import open_cache
+from hicache.cache.values import CacheSettings
 from hicache.domain import ConfigError, PlanSettings, PoolName, Tier, WriteSettings, plan_stack
-from hicache.engine.cache_values import CacheSettings
 from hicache.metrics import HiCacheMetrics, IntegrationCounters
 from hicache.metrics.prometheus import exposition, register, serve
 
@@ -235,8 +235,8 @@ def test_the_collector_reads_at_scrape_time_without_counting_twice(tmp_path: Pat
 
 
 def test_a_synchronous_face_is_scraped_over_http_while_it_serves() -> None:
+    from hicache.cache.sync import open_sync_cache
     from hicache.engine import open_sync
-    from hicache.engine.cache_sync import open_sync_cache
 
     plan = plan_stack(
         load_model_spec("llama-3.1-8b-instruct"),

@@ -10,8 +10,8 @@ from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap import load_model_spec
 from hicache.bootstrap.cache import open_cache
 from hicache.bootstrap.faults import Faults, FaultyStore, StoreFaultRates
+from hicache.cache.values import CacheSettings
 from hicache.domain import PlanSettings, PoolName, WriteSettings, plan_stack
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.metrics import HiCacheMetrics
 from hicache.metrics.prometheus import exposition

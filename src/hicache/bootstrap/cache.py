@@ -15,12 +15,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hicache.bootstrap.runtime import Runtime, open_runtime
+from hicache.cache.face import HiCache
+from hicache.cache.storage import CacheStorage, TierPort
+from hicache.cache.values import CacheSettings
 from hicache.domain import ConfigError, HostGroupPlan, PoolName, PoolRole, StorageSettings
 from hicache.domain.namespace import RankIdentity, group_namespaces
 from hicache.domain.storage import Store
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_storage import CacheStorage, TierPort
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.engine import TransferEngine
 from hicache.engine.logs import get_logger
 from hicache.engine.ranks import RankAgreement

@@ -21,13 +21,13 @@ from typing import Any
 
 import attrs
 
+from hicache.cache.values import CacheSettings
 from hicache.domain import Layout, PlanSettings, WritePolicy
 from hicache.domain.host_memory import KNOWN_BACKENDS, Pinning
 from hicache.domain.hybrid import CheckpointPolicy
 from hicache.domain.sizing import RatioSizing
 from hicache.domain.stages import PPSplit
 from hicache.domain.tiers import WriteSettings
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.engine import DEVICE_OWNERSHIP
 from hicache.engine.storage_settings import PrefetchPolicy, StorageTierSettings
 

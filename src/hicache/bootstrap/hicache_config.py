@@ -43,6 +43,7 @@ from hicache.bootstrap.config_keys import (
     Source,
 )
 from hicache.bootstrap.config_values import parse_value, suggest
+from hicache.cache.values import CacheSettings
 from hicache.domain import (
     BudgetSizing,
     ConfigError,
@@ -54,7 +55,6 @@ from hicache.domain import (
 )
 from hicache.domain.host_memory import resolve_host_memory
 from hicache.domain.hybrid import CheckpointPolicy
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
 
 if TYPE_CHECKING:

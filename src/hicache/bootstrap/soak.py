@@ -40,14 +40,14 @@ from hicache.bootstrap.faults import (
     StoreFaultRates,
     directory_corruptor,
 )
+from hicache.cache.match import CacheMatch
+from hicache.cache.values import CacheSettings
 from hicache.domain import ConfigError, PlanSettings, PoolName, plan_stack
 from hicache.domain.errors import HiCacheError, OutOfSlotsError, TransferError
 from hicache.domain.keys import chain_keys
 from hicache.domain.ports import Transfer
 from hicache.domain.tiers import Tier, WriteSettings
 from hicache.domain.validators import positive_int
-from hicache.engine.cache_match import CacheMatch
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
 
 STACKS = {

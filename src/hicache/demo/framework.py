@@ -35,6 +35,8 @@ import attrs
 import torch
 
 from hicache.bootstrap.cache import CacheRuntime
+from hicache.cache.match import CacheLoad, CacheMatch
+from hicache.cache.values import CacheSettings
 from hicache.demo.model import CacheTensors, HybridConfig, HybridLM, LayerKind, LayerTimes, SeqCache
 from hicache.domain import (
     ConfigError,
@@ -56,8 +58,6 @@ from hicache.domain import (
     resolve_host_memory,
 )
 from hicache.domain.geometry import AnyGeometry
-from hicache.engine.cache_match import CacheLoad, CacheMatch
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
 
 KV, SWA, MAMBA, INDEXER = PoolName.KV, PoolName.SWA, PoolName.MAMBA, PoolName.INDEXER

@@ -9,29 +9,14 @@
 - StorageTier / StorageTierSettings / PrefetchPolicy / StorageTierStatistics: the storage (L3)
   tier seen from the engine: store <-> host pages off the loop, breaker, deadlines
   (hicache.engine.storage_tier, hicache.engine.storage_settings).
-- HiCache / CacheMatch / CacheLoad / CacheSettings / CacheStatistics / InsertResult /
-  EvictResult / PrefetchResult / CacheStorage: the cache face (match, load, insert, prefetch,
-  evict) over the engine and the storage tier (hicache.engine.cache; docs/cache-face.md).
 - RankAgreement / SingleProcess: agreement of hit lengths over TP ranks (hicache.engine.ranks).
-- SyncCache / SyncCacheLoad / open_sync_cache: the cache face from plain threads.
 - SyncEngine / open_sync: the synchronous face, the engine on its own event-loop thread
   (hicache.engine.sync).
 
-See docs/engine.md for a complete serving loop.
+The cache face above the engine (HiCache, SyncCache, ...) is hicache.cache; the engine never
+imports it. See docs/engine.md for a complete serving loop.
 """
 
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_match import CacheLoad, CacheMatch
-from hicache.engine.cache_storage import CacheStorage
-from hicache.engine.cache_sync import SyncCache, SyncCacheLoad, open_sync_cache
-from hicache.engine.cache_values import (
-    CacheSettings,
-    CacheStatistics,
-    EvictResult,
-    InsertResult,
-    PrefetchResult,
-    PrefetchSkip,
-)
 from hicache.engine.engine import PageSet, TransferEngine
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
 from hicache.engine.ranks import RankAgreement, SingleProcess
@@ -46,32 +31,19 @@ from hicache.engine.sync import SyncEngine, open_sync
 
 __all__ = [
     "BackupHandle",
-    "CacheLoad",
-    "CacheMatch",
-    "CacheSettings",
-    "CacheStatistics",
-    "CacheStorage",
     "EngineStatistics",
-    "EvictResult",
-    "HiCache",
-    "InsertResult",
     "LayerwiseBackupHandle",
     "LoadHandle",
     "OperationState",
     "OperationStatistics",
     "PageSet",
     "PrefetchPolicy",
-    "PrefetchResult",
-    "PrefetchSkip",
     "RankAgreement",
     "SingleProcess",
     "StorageTier",
     "StorageTierSettings",
     "StorageTierStatistics",
-    "SyncCache",
-    "SyncCacheLoad",
     "SyncEngine",
     "TransferEngine",
     "open_sync",
-    "open_sync_cache",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hicache.engine.cache_storage import TierPort
+from hicache.cache.storage import TierPort
 from hicache.metrics import HiCacheMetrics, IntegrationCounters, StorageTierSource
 
 SOURCE = "sglang"

@@ -32,9 +32,9 @@ from hicache.domain.tiers import PerTier, Tier
 from hicache.engine.histogram import HistogramSnapshot
 
 if TYPE_CHECKING:
-    from hicache.engine.cache import HiCache
-    from hicache.engine.cache_storage import TierPort
-    from hicache.engine.cache_sync import SyncCache
+    from hicache.cache.face import HiCache
+    from hicache.cache.storage import TierPort
+    from hicache.cache.sync import SyncCache
 
 KINDS = ("counter", "gauge", "histogram")
 TIERS = tuple(t.name.lower() for t in Tier)
@@ -294,8 +294,8 @@ class HiCacheMetrics:
     def add_cache(self, cache: HiCache | SyncCache, *, name: str = "cache") -> CacheSource:
         """Export ``cache`` (a HiCache or a SyncCache: its face, engine, host slots and storage
         tiers) with ``cache=name``; names must differ between caches (``rank0``, ``rank1``)."""
-        from hicache.engine.cache import HiCache
-        from hicache.engine.cache_sync import SyncCache
+        from hicache.cache.face import HiCache
+        from hicache.cache.sync import SyncCache
 
         if isinstance(cache, SyncCache):
             cache = cache.cache  # read directly: statistics are safe from the scrape thread

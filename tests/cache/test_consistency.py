@@ -10,6 +10,8 @@ import anyio
 import attrs
 import pytest
 
+from hicache.cache.face import HiCache
+from hicache.cache.values import CacheSettings
 from hicache.domain import (
     CacheStateError,
     ConfigError,
@@ -20,8 +22,6 @@ from hicache.domain import (
 )
 from hicache.domain.hybrid import CheckpointPolicy
 from hicache.domain.tiers import PerTier, Tier, WriteSettings
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_values import CacheSettings
 from tests.engine.fakes import Rig
 from tests.engine.fakes import hybrid_plan as _hybrid_plan
 
@@ -294,8 +294,8 @@ async def test_bad_input_is_a_typed_error_naming_it() -> None:
 
 
 def test_match_load_insert_from_a_plain_thread_through_the_sync_engine() -> None:
+    from hicache.cache.sync import open_sync_cache
     from hicache.engine import open_sync
-    from hicache.engine.cache_sync import open_sync_cache
 
     rig = Rig(hybrid_plan())
     with open_sync(rig.engine) as sync, open_sync_cache(sync, HiCache(rig.engine)) as face:
@@ -329,8 +329,8 @@ async def test_an_unknown_pool_in_insert_is_a_config_error() -> None:
 
 
 def test_a_match_released_from_a_plain_thread_is_released_on_the_loop() -> None:
+    from hicache.cache.sync import open_sync_cache
     from hicache.engine import open_sync
-    from hicache.engine.cache_sync import open_sync_cache
 
     rig = Rig(hybrid_plan())
     with open_sync(rig.engine) as sync, open_sync_cache(sync, HiCache(rig.engine)) as face:

@@ -12,7 +12,7 @@ import pytest
 from hicache.bootstrap.cache import open_cache
 from hicache.domain import ConfigError, PoolName
 from hicache.domain.tiers import Tier
-from tests.engine.cache_helpers import STACKS, Request, assert_clean, poison_device, stack_plan
+from tests.cache.helpers import STACKS, Request, assert_clean, poison_device, stack_plan
 
 
 @pytest.mark.asyncio
@@ -93,8 +93,8 @@ async def test_framework_owned_device_pages_are_named_by_the_framework() -> None
 
 
 def test_the_cache_runtime_served_from_plain_threads() -> None:
+    from hicache.cache.sync import open_sync_cache
     from hicache.engine import open_sync
-    from hicache.engine.cache_sync import open_sync_cache
 
     plan, settings = stack_plan("state")
     rt = open_cache(plan, backend="torch", settings=settings)  # not entered: the sync face runs it

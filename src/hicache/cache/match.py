@@ -24,10 +24,10 @@ from typing import Protocol
 import anyio
 import attrs
 
+from hicache.cache.work import pool_counts
 from hicache.domain.errors import CacheStateError, TransferError
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Tier
-from hicache.engine.cache_work import pool_counts
 from hicache.engine.handles import LoadHandle
 from hicache.engine.stats import OperationState
 

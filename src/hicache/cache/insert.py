@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from hicache.cache import args as cache_args
 from hicache.domain.errors import ConfigError
 from hicache.domain.hybrid import CheckpointPolicy, GroupRules, Restore
 from hicache.domain.pools import PoolName, page_ids
-from hicache.engine import cache_args
 
 Named = list[tuple[str, PoolName, object]]
 

@@ -20,10 +20,10 @@ from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.adapters.storage.directory import TMP_SUFFIX
 from hicache.bootstrap import load_model_spec
 from hicache.bootstrap.cache import open_cache
+from hicache.cache.values import CacheSettings
 from hicache.domain import PlanSettings, PoolName, plan_stack
 from hicache.domain.keys import chain_keys
 from hicache.domain.tiers import Tier, WriteSettings
-from hicache.engine.cache_values import CacheSettings
 from tests.child_process import kill_after_first_line
 
 KV = PoolName.KV
@@ -57,7 +57,7 @@ from hicache.bootstrap.cache import open_cache
 from hicache.domain import OutOfSlotsError, PoolName
 from hicache.domain.keys import chain_keys
 from hicache.domain.tiers import Tier
-from tests.engine.test_cache_sigkill import PAGE, SETTINGS, plan, request
+from tests.cache.test_sigkill import PAGE, SETTINGS, plan, request
 import os
 
 async def main():

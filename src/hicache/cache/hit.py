@@ -1,6 +1,6 @@
 """Finding the hit of ``HiCache.match``: read, cut to a restorable boundary, agreed, pinned.
 
-- HitRules: see hicache.engine.cache_rules (re-exported here).
+- HitRules: see hicache.cache.rules (re-exported here).
 - agree_hit(cache, keys, stored, d, h, dev_at, host_at): the storage hint, then the
   (device, host, storage) boundaries agreed over the TP ranks (minimum), cut again until every
   rank stops at one it can restore.
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from hicache.cache.load import completes, partial
+from hicache.cache.match import CacheMatch, MatchPins
+from hicache.cache.parts import CacheParts
+from hicache.cache.rules import HitRules
+from hicache.cache.storage import storage_boundary
+from hicache.cache.work import Counters
 from hicache.domain.keys import KeyChain, key_chain
 from hicache.domain.tiers import Match, Placement, Tier
-from hicache.engine.cache_load import completes, partial
-from hicache.engine.cache_match import CacheMatch, MatchPins
-from hicache.engine.cache_parts import CacheParts
-from hicache.engine.cache_rules import HitRules
-from hicache.engine.cache_storage import storage_boundary
-from hicache.engine.cache_work import Counters
 
 
 async def agree_hit(

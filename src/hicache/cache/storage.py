@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from hicache.cache.values import CacheSettings
 from hicache.domain.errors import ConfigError
 from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierStatistics
 
 

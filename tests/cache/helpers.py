@@ -16,11 +16,11 @@ import torch
 
 from hicache.bootstrap import load_model_spec
 from hicache.bootstrap.cache import CacheRuntime
+from hicache.cache.face import HiCache
+from hicache.cache.values import CacheSettings
 from hicache.domain import HostGroupPlan, PlanSettings, PoolName, PoolRole, plan_stack
 from hicache.domain.hybrid import Restore
 from hicache.domain.tiers import PerTier
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_values import CacheSettings
 
 KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
 

@@ -17,19 +17,19 @@ import pytest
 
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap.cache import open_cache
+from hicache.cache.face import HiCache
+from hicache.cache.storage import CacheStorage, TierPort
+from hicache.cache.values import CacheSettings
 from hicache.domain import PoolName
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import StoreKey, StoreStatus
 from hicache.domain.tiers import Tier, WriteSettings
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_storage import CacheStorage, TierPort
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
-from tests.engine.cache_helpers import Request, assert_clean, poison_device, stack_plan
+from tests.cache.helpers import Request, assert_clean, poison_device, stack_plan
+from tests.cache.test_consistency import _cached, _clean, hybrid_plan
+from tests.cache.test_storage import FakeBuffers
 from tests.engine.fakes import Rig
-from tests.engine.test_cache_consistency import _cached, _clean, hybrid_plan
-from tests.engine.test_cache_storage import FakeBuffers
 from tests.storage.fakes import FakeStore
 
 KV, SWA, MAMBA, IDX = PoolName.KV, PoolName.SWA, PoolName.MAMBA, PoolName.INDEXER

@@ -1,6 +1,6 @@
 """match pins what it read before its awaits (the storage hint, the TP agreement): a device
 eviction by another task during the agreement can neither break the match nor take its pages.
-Found by the concurrent soak (main's tests/engine/test_cache_match_race.py, an xfail there)."""
+Found by the concurrent soak (main's tests/cache/test_match_race.py, an xfail there)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import anyio
 import pytest
 
 from hicache.bootstrap.cache import open_cache
+from hicache.cache.match import CacheMatch
 from hicache.domain.tiers import Tier
-from hicache.engine.cache_match import CacheMatch
-from tests.engine.cache_helpers import Request, assert_clean, stack_plan
+from tests.cache.helpers import Request, assert_clean, stack_plan
 
 
 class HeldAgreement:

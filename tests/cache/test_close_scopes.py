@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from hicache.bootstrap.cache import open_cache
+from hicache.cache.face import HiCache
 from hicache.domain import PoolName
-from hicache.engine.cache import HiCache
 from tests.engine.fakes import Rig, dense_plan
 
 KV = PoolName.KV

@@ -4,22 +4,23 @@
   with``; one owner (the event loop that opened it).
 - match(token_ids): page keys of the full pages, the index's hit, extended by the storage
   tier's ``exists`` hint, cut to the boundary every pool can restore, agreed over TP ranks
-  (minimum), pinned until released: a CacheMatch (hicache.engine.cache_hit).
+  (minimum), pinned until released: a CacheMatch (hicache.cache.hit).
 - load(match, device_pages=None): copies the host part of the hit to the device layer by layer
   (a CacheLoad with per-layer waits); registers the pages on the device tier when done, gives
-  slots and pins back on failure or cancellation (hicache.engine.cache_load).
+  slots and pins back on failure or cancellation (hicache.cache.load).
 - insert(token_ids, device_pages, checkpoints=None): registers what a request computed;
   performs the write policies' backups (device -> host) and storage writes in the background
-  (hicache.engine.cache_insert checks the arguments; hicache.engine.cache_work does the work).
+  (hicache.cache.insert checks the arguments; hicache.cache.work does the work).
 - prefetch(match or token_ids): storage -> host in bounded batches before the deadline of the
-  storage tier's prefetch policy; a hit is the leading run read (hicache.engine.cache_prefetch).
+  storage tier's prefetch policy; a hit is the leading run read (hicache.cache.prefetch).
 - evict(tier, pages, pool=None): LRU eviction from DEVICE or HOST (write_back: copies first).
 - statistics(), aclose(), checkpoint_boundaries(n_pages), device_placements(match),
   load_pools(match) (per page, the pools a load of the match copies).
 
 Hybrid groups: a hit ends at a boundary where every pool restores (docs/cache.md); a page
 partly on the device (e.g. its KV there, its state checkpoint only on host) is restorable: its
-device copy stays pinned and ``load`` copies only the pools it lacks (cache_load.load_pools).
+device copy stays pinned and ``load`` copies only the pools it lacks
+(hicache.cache.load.load_pools).
 """
 
 from __future__ import annotations
@@ -32,30 +33,30 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from hicache.domain.errors import CacheStateError, ConfigError, EngineClosedError
-from hicache.domain.hybrid import GroupRules, Restore
-from hicache.domain.keys import key_chain
-from hicache.domain.pools import PoolName
-from hicache.domain.prefix_index import PrefixIndex
-from hicache.domain.tiers import PerTier, Tier
-from hicache.engine import cache_args
-from hicache.engine._ops import wait_until
-from hicache.engine._scopes import innermost
-from hicache.engine.cache_hit import find_hit
-from hicache.engine.cache_insert import insert_placements
-from hicache.engine.cache_load import load_match, load_pools
-from hicache.engine.cache_match import CacheLoad, CacheMatch, MatchPins
-from hicache.engine.cache_prefetch import prefetch
-from hicache.engine.cache_rules import HitRules
-from hicache.engine.cache_storage import CacheStorage
-from hicache.engine.cache_values import (
+from hicache.cache import args as cache_args
+from hicache.cache.hit import find_hit
+from hicache.cache.insert import insert_placements
+from hicache.cache.load import load_match, load_pools
+from hicache.cache.match import CacheLoad, CacheMatch, MatchPins
+from hicache.cache.prefetch import prefetch
+from hicache.cache.rules import HitRules
+from hicache.cache.storage import CacheStorage
+from hicache.cache.values import (
     CacheSettings,
     CacheStatistics,
     EvictResult,
     InsertResult,
     PrefetchResult,
 )
-from hicache.engine.cache_work import CacheWork, Counters
+from hicache.cache.work import CacheWork, Counters
+from hicache.domain.errors import CacheStateError, ConfigError, EngineClosedError
+from hicache.domain.hybrid import GroupRules, Restore
+from hicache.domain.keys import key_chain
+from hicache.domain.pools import PoolName
+from hicache.domain.prefix_index import PrefixIndex
+from hicache.domain.tiers import PerTier, Tier
+from hicache.engine._ops import wait_until
+from hicache.engine._scopes import innermost
 from hicache.engine.engine import TransferEngine
 from hicache.engine.logs import get_logger
 from hicache.engine.ranks import RankAgreement, SingleProcess
@@ -212,7 +213,7 @@ class HiCache:
 
     # ---- match -------------------------------------------------------------------------------
     async def match(self, token_ids: Sequence[int]) -> CacheMatch:
-        """The agreed, pinned hit of ``token_ids`` (see CacheMatch; hicache.engine.cache_hit)."""
+        """The agreed, pinned hit of ``token_ids`` (see CacheMatch; hicache.cache.hit)."""
         self._check_open("match")
         return await find_hit(self, cache_args.token_ids(token_ids), self._orphaned)
 
@@ -226,7 +227,7 @@ class HiCache:
     ) -> CacheLoad:
         """Copy the host part of ``match`` to the device (see CacheLoad); ``device_pages``:
         the pages to load into, per pool, in page order (``match.load_counts()`` of them;
-        required when the framework owns device pages). hicache.engine.cache_load."""
+        required when the framework owns device pages). hicache.cache.load."""
         self._check_open("load")
         self._own_match(match, "load")
         if device_pages is not None:

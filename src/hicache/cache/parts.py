@@ -2,9 +2,9 @@
 
 - CacheParts: a MatchOwner with the rules, settings, index, engine, storage tiers,
   background work, counters, TP agreement, hit rules and loads in flight of one HiCache.
-  ``find_hit`` (cache_hit), ``load_match`` (cache_load) and ``prefetch`` (cache_prefetch) take
+  ``find_hit`` (cache.hit), ``load_match`` (cache.load) and ``prefetch`` (cache.prefetch) take
   a CacheParts; HiCache is one (structurally), and the helpers never import
-  hicache.engine.cache, so the face's modules import one another in one direction only
+  hicache.cache.face, so the face's modules import one another in one direction only
   (tests/test_layering.py checks that no module of hicache imports itself through others).
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from hicache.cache.match import CacheLoad, MatchOwner
+from hicache.cache.rules import HitRules
+from hicache.cache.storage import CacheStorage
+from hicache.cache.values import CacheSettings
+from hicache.cache.work import CacheWork, Counters
 from hicache.domain.hybrid import GroupRules
 from hicache.domain.prefix_index import PrefixIndex
-from hicache.engine.cache_match import CacheLoad, MatchOwner
-from hicache.engine.cache_rules import HitRules
-from hicache.engine.cache_storage import CacheStorage
-from hicache.engine.cache_values import CacheSettings
-from hicache.engine.cache_work import CacheWork, Counters
 from hicache.engine.engine import TransferEngine
 from hicache.engine.ranks import RankAgreement
 

@@ -28,16 +28,16 @@ from collections.abc import Sequence
 
 import anyio
 
+from hicache.cache.match import CacheMatch
+from hicache.cache.parts import CacheParts
+from hicache.cache.storage import storage_boundary
+from hicache.cache.values import PrefetchResult, PrefetchSkip
+from hicache.cache.work import pool_counts, split_ids
 from hicache.domain.errors import CacheStateError, OutOfSlotsError
 from hicache.domain.hybrid import needed_pages
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
-from hicache.engine.cache_match import CacheMatch
-from hicache.engine.cache_parts import CacheParts
-from hicache.engine.cache_storage import storage_boundary
-from hicache.engine.cache_values import PrefetchResult, PrefetchSkip
-from hicache.engine.cache_work import pool_counts, split_ids
 
 
 def _wants(cache: CacheParts, start: int, end: int) -> list[list[PoolName]]:

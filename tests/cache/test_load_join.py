@@ -11,10 +11,10 @@ import anyio
 import pytest
 
 from hicache.bootstrap.cache import CacheRuntime, open_cache
+from hicache.cache.match import CacheLoad, CacheMatch
 from hicache.domain import PoolName
 from hicache.domain.tiers import Tier
-from hicache.engine.cache_match import CacheLoad, CacheMatch
-from tests.engine.cache_helpers import KV, Request, assert_clean, stack_plan
+from tests.cache.helpers import KV, Request, assert_clean, stack_plan
 
 
 class Gate:

@@ -17,11 +17,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from hicache.cache.storage import CacheStorage
 from hicache.domain.errors import CacheStateError, OutOfSlotsError, TransferError
 from hicache.domain.pools import PoolName
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Actions, Freed, PageOp, Placement, Ticket, Tier
-from hicache.engine.cache_storage import CacheStorage
 from hicache.engine.engine import TransferEngine
 from hicache.engine.logs import get_logger
 

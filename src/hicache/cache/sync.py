@@ -19,12 +19,12 @@ import anyio
 import anyio.abc
 from anyio.from_thread import BlockingPortal
 
+from hicache.cache.face import HiCache
+from hicache.cache.match import CacheLoad, CacheMatch
+from hicache.cache.values import CacheStatistics, EvictResult, InsertResult, PrefetchResult
 from hicache.domain.errors import ConfigError, EngineClosedError
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Tier
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_match import CacheLoad, CacheMatch
-from hicache.engine.cache_values import CacheStatistics, EvictResult, InsertResult, PrefetchResult
 from hicache.engine.sync import SyncEngine
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import attrs
 import pytest
 
+from hicache.cache.face import HiCache
+from hicache.cache.values import PrefetchSkip
 from hicache.domain import (
     CacheStateError,
     ConfigError,
@@ -31,8 +33,6 @@ from hicache.domain import (
 )
 from hicache.domain.hybrid import GroupRules
 from hicache.domain.tiers import Tier
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_values import PrefetchSkip
 from tests.engine.fakes import Rig, dense_plan
 from tests.engine.fakes import hybrid_plan as _hybrid_plan
 

@@ -16,16 +16,16 @@ import pytest
 
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap.cache import open_cache
+from hicache.cache.face import HiCache
+from hicache.cache.storage import CacheStorage
+from hicache.cache.values import CacheSettings
 from hicache.domain import PoolName
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import PageBuffer, StoreStatus
 from hicache.domain.tiers import PerTier, Tier, WriteSettings
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_storage import CacheStorage
-from hicache.engine.cache_values import CacheSettings
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
-from tests.engine.cache_helpers import STACKS, Request, assert_clean, restore, stack_plan
+from tests.cache.helpers import STACKS, Request, assert_clean, restore, stack_plan
 from tests.engine.fakes import Rig, dense_plan
 from tests.storage.fakes import FakeStore
 

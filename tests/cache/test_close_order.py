@@ -14,11 +14,11 @@ import threading
 import anyio
 import pytest
 
+from hicache.cache.face import HiCache
+from hicache.cache.sync import SyncCache, open_sync_cache
 from hicache.domain import CacheStateError, ConfigError, EngineClosedError, PoolName
 from hicache.domain.tiers import Tier
 from hicache.engine import SyncEngine, open_sync
-from hicache.engine.cache import HiCache
-from hicache.engine.cache_sync import SyncCache, open_sync_cache
 from tests.engine.fakes import Rig, dense_plan
 
 KV = PoolName.KV

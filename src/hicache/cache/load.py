@@ -29,13 +29,13 @@ from typing import Any
 
 import anyio
 
+from hicache.cache.insert import pool_name
+from hicache.cache.match import CacheLoad, CacheMatch
+from hicache.cache.parts import CacheParts
+from hicache.cache.work import pool_counts, split_ids
 from hicache.domain.errors import CacheStateError, ConfigError
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Placement, Tier
-from hicache.engine.cache_insert import pool_name
-from hicache.engine.cache_match import CacheLoad, CacheMatch
-from hicache.engine.cache_parts import CacheParts
-from hicache.engine.cache_work import pool_counts, split_ids
 from hicache.engine.handles import LoadHandle
 
 

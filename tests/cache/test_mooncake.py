@@ -23,7 +23,7 @@ from hicache.bootstrap.cache import open_cache  # noqa: E402
 from hicache.domain.keys import chain_keys  # noqa: E402
 from hicache.domain.namespace import RankIdentity  # noqa: E402
 from hicache.domain.tiers import Tier, WriteSettings  # noqa: E402
-from tests.engine.cache_helpers import Request, assert_clean, restore, stack_plan  # noqa: E402
+from tests.cache.helpers import Request, assert_clean, restore, stack_plan  # noqa: E402
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.timeout(120)]
 THROUGH = WriteSettings(host="write_through", storage="write_through")

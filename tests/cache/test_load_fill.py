@@ -11,12 +11,12 @@ import anyio
 import pytest
 
 from hicache.bootstrap.cache import open_cache
+from hicache.cache.face import HiCache
 from hicache.domain import ConfigError, PoolName, TransferError
 from hicache.domain.tiers import Tier
-from hicache.engine.cache import HiCache
-from tests.engine.cache_helpers import Request, assert_clean, stack_plan
+from tests.cache.helpers import Request, assert_clean, stack_plan
+from tests.cache.test_consistency import _cached, _clean, hybrid_plan
 from tests.engine.fakes import Rig
-from tests.engine.test_cache_consistency import _cached, _clean, hybrid_plan
 
 KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
 
