@@ -75,7 +75,7 @@ def test_directory_settings_rows_match_the_code() -> None:
         "root": "temporary",
         "capacity_bytes": "None",
         "fsync": "false",
-        "checksum": "blocksum64",
+        "checksum": "xxh3",
         "timeout_s": "None",
         "stale_tmp_s": "600",
         "read_threads": "2",
@@ -83,7 +83,7 @@ def test_directory_settings_rows_match_the_code() -> None:
     }
     fields = attrs.fields_dict(DirectorySettings)
     assert set(fields) == set(expected)
-    assert fields["checksum"].default.name.lower() == "blocksum64"
+    assert fields["checksum"].default.name.lower() == "xxh3"
     assert fields["fsync"].default is False
     assert fields["stale_tmp_s"].default == 600
     assert (fields["read_threads"].default, fields["write_threads"].default) == (2, 1)

@@ -58,14 +58,35 @@ def test_native_digest_equals_the_python_checksum_for_any_segmentation_and_chunk
             os.close(fd)
 
 
+def test_native_xxh3_digest_equals_the_xxhash_library_for_any_segmentation_and_chunk(
+    tmp_path: Path, native: NativeIo
+) -> None:
+    rng = random.Random(4)
+    path = tmp_path / "f"
+    for _ in range(40):
+        data = segmented(rng)
+        want = checksum_of(Checksum.XXH3, [memoryview(b) for b in data])
+        chunk = rng.choice([1, 4096, 5000, IO_CHUNK])
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        try:
+            moved = native.write_xxh3(fd, 100, [memoryview(b) for b in data], chunk=chunk)
+            assert moved == (sum(map(len, data)), want)
+            back = [bytearray(len(b)) for b in data]
+            assert native.read_xxh3(fd, 100, [memoryview(b) for b in back], chunk=chunk) == moved
+            assert back == data
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("checksum", [Checksum.XXH3, Checksum.BLOCKSUM64])
 def test_both_paths_write_the_same_file_and_read_each_others(
-    tmp_path: Path, native: NativeIo, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, native: NativeIo, monkeypatch: pytest.MonkeyPatch, checksum: Checksum
 ) -> None:
     src = page(3 * IO_CHUNK + 12_345, 9)
     files = {}
     for mode in (True, False):
         monkeypatch.setattr(object_file, "_use_native", [mode])
-        store = DirectoryStore(DirectorySettings(root=tmp_path / str(mode)))
+        store = DirectoryStore(DirectorySettings(root=tmp_path / str(mode), checksum=checksum))
         assert store.put([key(1)], [src]) == [OK]
         (obj,) = (tmp_path / str(mode)).glob("*/*.obj")
         files[mode] = obj.read_bytes()
@@ -74,7 +95,9 @@ def test_both_paths_write_the_same_file_and_read_each_others(
     for reader in (True, False):
         for writer in (True, False):
             monkeypatch.setattr(object_file, "_use_native", [reader])
-            store = DirectoryStore(DirectorySettings(root=tmp_path / str(writer)))
+            store = DirectoryStore(
+                DirectorySettings(root=tmp_path / str(writer), checksum=checksum)
+            )
             dst = empty(3 * IO_CHUNK + 12_345)
             assert store.get([key(1)], [dst]) == [OK]
             assert joined(dst) == joined(src)
@@ -90,11 +113,12 @@ POSITIONS = sorted(
 )
 
 
+@pytest.mark.parametrize("checksum", [Checksum.XXH3, Checksum.BLOCKSUM64])
 @pytest.mark.parametrize("position", POSITIONS)
 def test_a_flipped_byte_in_any_chunk_is_caught(
-    tmp_path: Path, native: NativeIo, position: int
+    tmp_path: Path, native: NativeIo, position: int, checksum: Checksum
 ) -> None:
-    store = DirectoryStore(DirectorySettings(root=tmp_path))
+    store = DirectoryStore(DirectorySettings(root=tmp_path, checksum=checksum))
     assert store.put([key(1)], [page(SIZE, 4)]) == [OK]
     (obj,) = tmp_path.glob("*/*.obj")
     with open(obj, "r+b") as f:

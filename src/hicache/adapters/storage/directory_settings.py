@@ -105,7 +105,7 @@ class DirectorySettings:
     root: Path | None = attrs.field(default=None, converter=_root)
     capacity_bytes: int | None = attrs.field(default=None, validator=_optional_bytes)
     fsync: bool = attrs.field(default=False, validator=_bool)
-    checksum: Checksum = attrs.field(default=Checksum.BLOCKSUM64, converter=_checksum)
+    checksum: Checksum = attrs.field(default=Checksum.XXH3, converter=_checksum)
     timeout_s: float | None = attrs.field(default=None, validator=_optional_positive)
     stale_tmp_s: float = attrs.field(default=600.0, validator=_non_negative)
     # Threads a get (read_threads) or a put (write_threads) of several pages spreads them over,

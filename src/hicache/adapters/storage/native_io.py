@@ -10,7 +10,12 @@
   hicache.adapters.copy.native) and load; NativeBuildError says why not.
 - native_io: the process's NativeIo, or None (with the reason) when it cannot be built.
 
-The digest is exactly hicache.adapters.storage.checksum's BLOCKSUM64 (each 4 KiB block of the
+- read_xxh3 / write_xxh3: the same moves with the XXH3 64-bit digest: the helper hands each
+  chunk to xxHash's own ``XXH3_64bits_update`` (reached with ctypes in the ``xxhash``
+  package's extension module: xxh3_functions), so the hash is the library's code, run without
+  the GIL while the chunk is in cache.
+
+The blocksum digest is exactly hicache.adapters.storage.checksum's BLOCKSUM64 (each 4 KiB block of the
 stream, the last zero-padded, summed as little-endian uint64 words mod 2**64; zlib.crc32 of the
 sums in order): files written either way read either way, so the format version is unchanged.
 The Python path (numpy sums per 1 MiB batch) stays for CRC32 objects and where no compiler is.
@@ -19,6 +24,7 @@ The Python path (numpy sums per 1 MiB batch) stays for CRC32 objects and where n
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import threading
 import zlib
@@ -28,7 +34,7 @@ import numpy as np
 
 from hicache.adapters.copy.native import NativeBuildError, load_helper
 
-IO_ABI = 1
+IO_ABI = 2
 BLOCK = 4096
 IO_CHUNK = 256 << 10  # bytes read and summed per step: fits the L2 of one core
 # Bytes summed then written per step. Larger than a read's: a write that extends a file pays
@@ -38,7 +44,7 @@ IO_CHUNK = 256 << 10  # bytes read and summed per step: fits the L2 of one core
 IO_WRITE_CHUNK = 4 << 20
 
 IO_SOURCE = r"""
-/* hicache DirectoryStore payload I/O (ABI 1). Built by hicache.adapters.storage.native_io. */
+/* hicache DirectoryStore payload I/O (ABI 2). Built by hicache.adapters.storage.native_io. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stddef.h>
@@ -51,7 +57,7 @@ IO_SOURCE = r"""
 #define HS_BLOCK 4096
 #define HS_IOV 512
 
-int64_t hs_abi_version(void) { return 1; }
+int64_t hs_abi_version(void) { return 2; }
 
 static inline uint64_t hs_word(const uint8_t *p) {
     uint64_t w;
@@ -177,14 +183,24 @@ static int hs_skip(struct iovec *iov, int first, int n, size_t done) {
     return first;
 }
 
-/* Fill the segments from fd at offset, a chunk at a time, summing each chunk's blocks right
-   after it is read. sums: room for ceil(total / 4096) values; *nsums gets the count. Returns
-   the bytes read (fewer at end of file: the sums are then incomplete), or -errno. */
-int64_t hs_read(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
-                const int64_t *lens, int64_t chunk, uint64_t *sums, int64_t *nsums) {
-    hs_acc acc;
-    if (!hs_sum) hs_sum = hs_pick(0);
-    acc.fill = 0; acc.sums = sums; acc.nsums = 0;
+/* A streaming hash of another library, fed each chunk right after it moved (hicache passes
+   xxHash's XXH3_64bits_update and its state); NULL: the chunk's blocks are summed instead. */
+typedef int (*hs_update_fn)(void *state, const void *p, size_t n);
+
+static void hs_take(hs_acc *acc, hs_update_fn update, void *state, const struct iovec *iov,
+                    int n) {
+    for (int k = 0; k < n; k++) {
+        if (update) update(state, iov[k].iov_base, iov[k].iov_len);
+        else hs_feed(acc, iov[k].iov_base, iov[k].iov_len);
+    }
+}
+
+/* Fill the segments from fd at offset, a chunk at a time, checking each chunk right after it
+   is read. Returns the bytes read (fewer at end of file: the check is then incomplete), or
+   -errno. */
+static int64_t hs_read_any(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
+                           const int64_t *lens, int64_t chunk, hs_acc *acc,
+                           hs_update_fn update, void *state) {
     struct iovec iov[HS_IOV], keep[HS_IOV];
     int64_t seg = 0, at = 0, total = 0, want;
     for (;;) {
@@ -199,31 +215,27 @@ int64_t hs_read(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
                 if (errno == EINTR) continue;
                 return -errno;
             }
-            if (r == 0) { *nsums = acc.nsums; return total + got; }
+            if (r == 0) return total + got;
             got += r;
             first = hs_skip(iov, first, n, (size_t)r);
         }
-        for (int k = 0; k < n; k++) hs_feed(&acc, keep[k].iov_base, keep[k].iov_len);
+        hs_take(acc, update, state, keep, n);
         total += got;
     }
-    hs_finish(&acc);
-    *nsums = acc.nsums;
     return total;
 }
 
-/* Sum then write the segments to fd at offset, a chunk at a time. Returns bytes written or
+/* Check then write the segments to fd at offset, a chunk at a time. Returns bytes written or
    -errno. */
-int64_t hs_write(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
-                 const int64_t *lens, int64_t chunk, uint64_t *sums, int64_t *nsums) {
-    hs_acc acc;
-    if (!hs_sum) hs_sum = hs_pick(0);
-    acc.fill = 0; acc.sums = sums; acc.nsums = 0;
+static int64_t hs_write_any(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
+                            const int64_t *lens, int64_t chunk, hs_acc *acc,
+                            hs_update_fn update, void *state) {
     struct iovec iov[HS_IOV];
     int64_t seg = 0, at = 0, total = 0, want;
     for (;;) {
         int n = hs_next(nseg, addrs, lens, chunk, &seg, &at, iov, &want);
         if (n == 0) break;
-        for (int k = 0; k < n; k++) hs_feed(&acc, iov[k].iov_base, iov[k].iov_len);
+        hs_take(acc, update, state, iov, n);
         int first = 0;
         int64_t put = 0;
         while (put < want) {
@@ -237,9 +249,41 @@ int64_t hs_write(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
         }
         total += put;
     }
-    hs_finish(&acc);
-    *nsums = acc.nsums;
     return total;
+}
+
+/* blocksum64: sums: room for ceil(total / 4096) values; *nsums gets the count. */
+int64_t hs_read(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
+                const int64_t *lens, int64_t chunk, uint64_t *sums, int64_t *nsums) {
+    hs_acc acc;
+    if (!hs_sum) hs_sum = hs_pick(0);
+    acc.fill = 0; acc.sums = sums; acc.nsums = 0;
+    int64_t got = hs_read_any(fd, offset, nseg, addrs, lens, chunk, &acc, 0, 0);
+    if (got >= 0) hs_finish(&acc);
+    *nsums = acc.nsums;
+    return got;
+}
+
+int64_t hs_write(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
+                 const int64_t *lens, int64_t chunk, uint64_t *sums, int64_t *nsums) {
+    hs_acc acc;
+    if (!hs_sum) hs_sum = hs_pick(0);
+    acc.fill = 0; acc.sums = sums; acc.nsums = 0;
+    int64_t put = hs_write_any(fd, offset, nseg, addrs, lens, chunk, &acc, 0, 0);
+    if (put >= 0) hs_finish(&acc);
+    *nsums = acc.nsums;
+    return put;
+}
+
+/* The same moves, each chunk handed to update(state, ...) instead of being summed. */
+int64_t hs_read_fn(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
+                   const int64_t *lens, int64_t chunk, hs_update_fn update, void *state) {
+    return hs_read_any(fd, offset, nseg, addrs, lens, chunk, 0, update, state);
+}
+
+int64_t hs_write_fn(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
+                    const int64_t *lens, int64_t chunk, hs_update_fn update, void *state) {
+    return hs_write_any(fd, offset, nseg, addrs, lens, chunk, 0, update, state);
 }
 """
 
@@ -272,8 +316,22 @@ class NativeIo:
                 ctypes.POINTER(ctypes.c_uint64),
                 ctypes.POINTER(ctypes.c_int64),
             ]
+        for fn in (lib.hs_read_fn, lib.hs_write_fn):
+            fn.restype = _I
+            fn.argtypes = [
+                ctypes.c_int,
+                _I,
+                _I,
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.POINTER(ctypes.c_int64),
+                _I,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+            ]
         self._read = lib.hs_read
         self._write = lib.hs_write
+        self._read_fn = lib.hs_read_fn
+        self._write_fn = lib.hs_write_fn
         lib.hs_select.restype = _I
         lib.hs_select.argtypes = [_I]
         self._select = lib.hs_select
@@ -298,19 +356,40 @@ class NativeIo:
         """Write ``segments`` to ``fd`` at ``offset``: (bytes written, blocksum64 digest)."""
         return self._run(self._write, fd, offset, segments, chunk)
 
+    def read_xxh3(
+        self, fd: int, offset: int, segments: list[memoryview], *, chunk: int = IO_CHUNK
+    ) -> tuple[int, int] | None:
+        """As ``read``, with the XXH3 64-bit digest (xxHash's own code, called from C on each
+        chunk); None where the xxhash library's functions cannot be reached (use the Python
+        path: the same digest)."""
+        return self._run_fn(self._read_fn, fd, offset, segments, chunk)
+
+    def write_xxh3(
+        self, fd: int, offset: int, segments: list[memoryview], *, chunk: int = IO_WRITE_CHUNK
+    ) -> tuple[int, int] | None:
+        """As ``write``, with the XXH3 64-bit digest; None as for ``read_xxh3``."""
+        return self._run_fn(self._write_fn, fd, offset, segments, chunk)
+
+    def _run_fn(
+        self, fn: ctypes._NamedFuncPointer, fd: int, offset: int, segs: list[memoryview], chunk: int
+    ) -> tuple[int, int] | None:
+        xxh = xxh3_functions()
+        if xxh is None:
+            return None
+        state = getattr(self._local, "xxh3", None)
+        if state is None:
+            state = self._local.xxh3 = _Xxh3State(xxh)
+        xxh.reset(state.ptr)
+        n, addrs, lens, _keep, _total = _segments(segs)
+        moved = fn(fd, offset, n, addrs, lens, chunk, xxh.update_address, state.ptr)
+        if moved < 0:
+            raise OSError(-moved, os.strerror(-moved))
+        return int(moved), int(xxh.digest(state.ptr))
+
     def _run(
         self, fn: ctypes._NamedFuncPointer, fd: int, offset: int, segs: list[memoryview], chunk: int
     ) -> tuple[int, int]:
-        n = len(segs)
-        addrs = (ctypes.c_void_p * n)()
-        lens = (ctypes.c_int64 * n)()
-        keep: list[object] = []  # what holds each address valid until the call returns
-        total = 0
-        for i, seg in enumerate(segs):
-            addrs[i], owner = _address(seg)
-            keep.append(owner)
-            lens[i] = seg.nbytes
-            total += seg.nbytes
+        n, addrs, lens, _keep, total = _segments(segs)
         sums = self._sums(-(-total // BLOCK) + 1)
         count = ctypes.c_int64(0)
         moved = fn(fd, offset, n, addrs, lens, chunk, sums, ctypes.byref(count))
@@ -324,6 +403,76 @@ class NativeIo:
         if have is None or len(have) < n:
             have = self._local.sums = (ctypes.c_uint64 * max(n, 1025))()
         return have
+
+
+def _segments(
+    segs: list[memoryview],
+) -> tuple[int, ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_int64], list[object], int]:
+    """(count, addresses, lengths, what keeps the addresses valid, total bytes) of ``segs``."""
+    n = len(segs)
+    addrs = (ctypes.c_void_p * n)()
+    lens = (ctypes.c_int64 * n)()
+    keep: list[object] = []  # what holds each address valid until the call returns
+    total = 0
+    for i, seg in enumerate(segs):
+        addrs[i], owner = _address(seg)
+        keep.append(owner)
+        lens[i] = seg.nbytes
+        total += seg.nbytes
+    return n, addrs, lens, keep, total
+
+
+class Xxh3Functions:
+    """xxHash's streaming XXH3-64 functions, from the ``xxhash`` package's own extension
+    module (the library's C code, linked into it): what the C helper calls on each chunk."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.create = lib.XXH3_createState
+        self.create.restype = ctypes.c_void_p
+        self.create.argtypes = []
+        self.free = lib.XXH3_freeState
+        self.free.restype = ctypes.c_int
+        self.free.argtypes = [ctypes.c_void_p]
+        self.reset = lib.XXH3_64bits_reset
+        self.reset.restype = ctypes.c_int
+        self.reset.argtypes = [ctypes.c_void_p]
+        self.digest = lib.XXH3_64bits_digest
+        self.digest.restype = ctypes.c_uint64
+        self.digest.argtypes = [ctypes.c_void_p]
+        address = ctypes.cast(lib.XXH3_64bits_update, ctypes.c_void_p).value
+        if not address:
+            raise AttributeError("XXH3_64bits_update has no address")
+        self.update_address: int = address
+
+
+class _Xxh3State:
+    """One thread's XXH3 state (reset for each object)."""
+
+    def __init__(self, fns: Xxh3Functions) -> None:
+        self._fns = fns
+        ptr = fns.create()
+        if not ptr:
+            raise MemoryError("XXH3_createState returned NULL")
+        self.ptr: int = ptr
+
+    def __del__(self) -> None:
+        self._fns.free(self.ptr)
+
+
+_xxh3: list[Xxh3Functions | None] = []
+
+
+def xxh3_functions() -> Xxh3Functions | None:
+    """The xxhash package's XXH3 functions, or None where its extension does not export them
+    (another build of the package): then XXH3 objects take the Python path."""
+    with _lock:
+        if not _xxh3:
+            try:
+                ext = importlib.import_module("xxhash._xxhash")  # the library's C code
+                _xxh3.append(Xxh3Functions(ctypes.CDLL(str(ext.__file__))))
+            except (ImportError, OSError, AttributeError):
+                _xxh3.append(None)
+        return _xxh3[0]
 
 
 def _address(seg: memoryview) -> tuple[int | None, object]:
@@ -368,4 +517,13 @@ def native_io() -> tuple[NativeIo | None, str]:
     return (got, "native") if isinstance(got, NativeIo) else (None, got)
 
 
-__all__ = ["IO_CHUNK", "IO_SOURCE", "IO_WRITE_CHUNK", "NativeIo", "load_native_io", "native_io"]
+__all__ = [
+    "IO_CHUNK",
+    "IO_SOURCE",
+    "IO_WRITE_CHUNK",
+    "NativeIo",
+    "Xxh3Functions",
+    "load_native_io",
+    "native_io",
+    "xxh3_functions",
+]

@@ -8,15 +8,18 @@
 - failed_status: the StoreStatus of a failed file operation (FULL for a full disk or quota).
 - fsync_dir: fsync a directory, so that a rename in it survives a power loss.
 - CHUNK / IOV_MAX: the bytes checked and moved per system call, and the segments per call.
-- use_native_io: switch the C path for BLOCKSUM64 objects off or on (the same files either way).
+- use_native_io: switch the C path for XXH3 and BLOCKSUM64 objects off or on (the same files
+  either way).
 
 The file is a header (hicache.adapters.storage.format) then the payload, the page's segments
 concatenated. Payload bytes move with os.pwritev / os.preadv in batches of at most CHUNK bytes
 (a layer-first page's many small segments travel in one call), each batch fed to the checksum
-while it is still in the CPU cache. BLOCKSUM64 objects (the default) move through the C helper
+while it is still in the CPU cache (a get reads READ_CHUNK at a time: one core's L2). XXH3 (the
+default) and BLOCKSUM64 objects move through the C helper
 of hicache.adapters.storage.native_io instead: one call per object, 256 KiB chunks (an L2's
-worth), no GIL, no numpy temporaries; the digest is the same, so files written by one path read
-by the other. Where the file lives, and the rename that publishes it, are the store's
+worth), no GIL, no numpy temporaries (for XXH3 the helper calls xxHash's own update function,
+from the xxhash package, on each chunk); the digest is the same, so files written by one path
+read by the other. Where the file lives, and the rename that publishes it, are the store's
 (hicache.adapters.storage.directory).
 """
 
@@ -39,7 +42,10 @@ from hicache.adapters.storage.native_io import NativeIo, native_io
 from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus, buffer_nbytes
 
 IOV_MAX = 512  # segments per pwritev call (Linux allows 1024)
-CHUNK = 1 << 20  # puts and gets check and move this much at a time (one core's L2)
+CHUNK = 1 << 20  # puts check and write this much at a time
+# gets read and check this much at a time: a piece is hashed right after it arrives, while it
+# is still in one core's L2 (as the C path's 256 KiB chunks)
+READ_CHUNK = 256 << 10
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -66,8 +72,9 @@ def write_object(
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
         native = _native(checksum)
-        if native is not None:
-            digest = native.write(fd, HEADER_SPAN, segments)[1]
+        moved = None if native is None else _native_write(native, checksum, fd, segments)
+        if moved is not None:
+            digest = moved[1]
         else:
             summer = Summer(checksum)
             _write_checked(fd, segments, HEADER_SPAN, summer)
@@ -120,8 +127,9 @@ def read_object(fd: int, key: StoreKey, segments: list[memoryview]) -> StoreStat
     if header.payload_len != sum(s.nbytes for s in segments):
         return StoreStatus.INVALID  # the object is fine; the request is the wrong size
     native = _native(header.checksum)
-    if native is not None:
-        got, digest = native.read(fd, HEADER_SPAN, segments)
+    moved = None if native is None else _native_read(native, header.checksum, fd, segments)
+    if moved is not None:
+        got, digest = moved
     else:
         summer = Summer(header.checksum)
         got = _read_checked(fd, segments, HEADER_SPAN, summer)
@@ -133,10 +141,26 @@ def read_object(fd: int, key: StoreKey, segments: list[memoryview]) -> StoreStat
     return StoreStatus.OK
 
 
+def _native_read(
+    native: NativeIo, checksum: Checksum, fd: int, segments: list[memoryview]
+) -> tuple[int, int] | None:
+    if checksum is Checksum.XXH3:
+        return native.read_xxh3(fd, HEADER_SPAN, segments)
+    return native.read(fd, HEADER_SPAN, segments)
+
+
+def _native_write(
+    native: NativeIo, checksum: Checksum, fd: int, segments: list[memoryview]
+) -> tuple[int, int] | None:
+    if checksum is Checksum.XXH3:
+        return native.write_xxh3(fd, HEADER_SPAN, segments)
+    return native.write(fd, HEADER_SPAN, segments)
+
+
 def _native(checksum: Checksum) -> NativeIo | None:
-    """The C read-and-check path for BLOCKSUM64 (the same digest), unless it is switched off
-    (``use_native_io(False)``) or cannot be built here."""
-    if checksum is not Checksum.BLOCKSUM64 or not _use_native[0]:
+    """The C read-and-check path for XXH3 and BLOCKSUM64 (the same digests as the Python path),
+    unless it is switched off (``use_native_io(False)``) or cannot be built here."""
+    if checksum is Checksum.CRC32 or not _use_native[0]:
         return None
     if not _loaded:
         _loaded.append(native_io()[0])  # built (or found unavailable) once per process
@@ -150,7 +174,7 @@ _use_native = [True]
 
 
 def use_native_io(enabled: bool) -> None:
-    """Whether BLOCKSUM64 objects move through the native helper (default True); the Python
+    """Whether XXH3 and BLOCKSUM64 objects move through the native helper (default True); the Python
     path writes and reads the same files (tests and `bench storage --python-io` use it)."""
     _use_native[0] = bool(enabled)
 
@@ -201,16 +225,16 @@ def _read_all(fd: int, views: list[memoryview], offset: int) -> int:
     return total
 
 
-def _batches(views: list[memoryview]) -> list[list[memoryview]]:
-    """``views`` cut into pieces of at most CHUNK bytes, grouped into batches of at most CHUNK
-    bytes (many small segments of a layer-first page travel in one system call)."""
+def _batches(views: list[memoryview], chunk: int = CHUNK) -> list[list[memoryview]]:
+    """``views`` cut into pieces of at most ``chunk`` bytes, grouped into batches of at most
+    ``chunk`` bytes (many small segments of a layer-first page travel in one system call)."""
     batches: list[list[memoryview]] = []
     batch: list[memoryview] = []
     size = 0
     for view in views:
-        for start in range(0, view.nbytes, CHUNK):
-            piece = view[start : start + CHUNK]
-            if batch and (size + piece.nbytes > CHUNK or len(batch) >= IOV_MAX):
+        for start in range(0, view.nbytes, chunk):
+            piece = view[start : start + chunk]
+            if batch and (size + piece.nbytes > chunk or len(batch) >= IOV_MAX):
                 batches.append(batch)
                 batch, size = [], 0
             batch.append(piece)
@@ -233,7 +257,7 @@ def _read_checked(fd: int, views: list[memoryview], offset: int, summer: Summer)
     """Fill ``views`` from ``offset`` a batch at a time, feeding each batch to ``summer`` while
     it is still in the CPU cache; the bytes read (fewer only at end of file)."""
     total = 0
-    for batch in _batches(views):
+    for batch in _batches(views, READ_CHUNK):
         want = sum(piece.nbytes for piece in batch)
         got = _read_all(fd, batch, offset + total)
         total += got
