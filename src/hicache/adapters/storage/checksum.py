@@ -25,7 +25,6 @@ from __future__ import annotations
 import enum
 import zlib
 from collections.abc import Sequence
-
 from typing import Any
 
 import numpy as np
