@@ -48,7 +48,7 @@ from tests.storage.conftest import key
 root, nbytes, fill, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 store = DirectoryStore(DirectorySettings(root=root))
 
-def say_and_hang(*_args):
+def say_and_hang(*_args, **_kwargs):
     sys.stdout.write("mid-write\\n")
     sys.stdout.flush()
     time.sleep(60)
@@ -353,7 +353,10 @@ def test_a_configured_root_is_kept_on_close(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config", "match"),
     [
-        ({"capacity_bytes": 0}, r"capacity_bytes must be a whole number of bytes in \[1, .*\], got 0"),
+        (
+            {"capacity_bytes": 0},
+            r"capacity_bytes must be a whole number of bytes in \[1, .*\], got 0",
+        ),
         ({"fsync": "yes"}, "fsync must be true or false, got 'yes'"),
         ({"checksum": "md5"}, "unknown checksum 'md5'"),
         ({"root": ""}, "root must be a non-empty path"),
@@ -465,3 +468,53 @@ def test_a_fan_out_directory_that_is_a_link_out_of_the_root_is_refused(tmp_path:
     (root / "ab").symlink_to(outside)
     with pytest.raises(StoreError, match="'ab' is a symbolic link"):
         open_store(root)
+
+
+def _swap_fan_for_link(root: Path, outside: Path) -> str:
+    """Move the (only) fan-out folder out of the root and leave a link to it in its place."""
+    (fan,) = [p for p in root.iterdir() if len(p.name) == 2]
+    fan.rename(outside / fan.name)
+    fan.symlink_to(outside / fan.name)
+    return fan.name
+
+
+def test_a_fan_out_folder_replaced_by_a_link_after_open_is_never_read_through(
+    tmp_path: Path,
+) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    store = open_store(root)
+    assert store.put([key(1)], [page(10000, 3)]) == [OK]
+    _swap_fan_for_link(root, outside)
+    # The object's bytes are intact outside the root, one link away: still a miss.
+    assert store.get([key(1)], [empty(10000)]) == [MISS]
+    assert len(list(outside.glob("*/*.obj"))) == 1  # and nothing there was removed either
+
+
+def test_a_fan_out_folder_replaced_by_a_link_after_open_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    store = open_store(root)
+    assert store.put([key(1)], [page(10000, 3)]) == [OK]
+    fan = _swap_fan_for_link(root, outside)
+    # Another key of the same fan-out folder: the put is refused, nothing lands outside.
+    same_fan = next(i for i in range(2, 5000) if object_name(key(i))[:2] == fan)
+    before = sorted(p.name for p in (outside / fan).iterdir())
+    assert store.put([key(same_fan)], [page(10000, 4)]) == [StoreStatus.FATAL]
+    assert sorted(p.name for p in (outside / fan).iterdir()) == before
+    # A removal of the first key does not follow the link either.
+    store.remove([key(1)])
+    assert sorted(p.name for p in (outside / fan).iterdir()) == before
+
+
+def test_without_the_no_follow_open_the_link_would_reach_outside(tmp_path: Path) -> None:
+    # The broken case the store guards against: an ordinary path open follows the link.
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    store = open_store(root)
+    assert store.put([key(1)], [page(10000, 3)]) == [OK]
+    fan = _swap_fan_for_link(root, outside)
+    name = object_name(key(1))
+    assert (root / fan / f"{name}.obj").read_bytes()  # a plain open reads outside the root

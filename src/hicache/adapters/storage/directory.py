@@ -12,11 +12,18 @@ object, the new one or none, never a torn one. A get reads the object straight i
 caller's segments; a damaged object, or one that holds another key, is a MISS and is removed.
 Puts of a key already held are skipped (objects are content-addressed). A size cap evicts least
 recently used objects (order kept in memory, rebuilt from mtimes at open).
+
+No path below the root is ever followed through a link: the root is opened once, and every
+operation (read, write, rename, removal, scan) opens the fan-out folder relative to it with
+O_NOFOLLOW and the file relative to that folder, also with O_NOFOLLOW. A fan-out folder replaced
+by a symbolic link after the store opened is refused at use: a get is a MISS, a put FATAL, a
+removal and a scan leave it alone, and nothing is read or written outside the root.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -36,7 +43,7 @@ from hicache.adapters.storage.object_file import (
     IOV_MAX,
     failed_status,
     flat_segments,
-    fsync_dir,
+    open_dir,
     open_object,
     read_object,
     write_object,
@@ -56,6 +63,13 @@ from hicache.domain.storage import (
 
 SUFFIX = ".obj"
 TMP_SUFFIX = ".tmp"
+# What opening a fan-out folder without following links raises when the name is a link or
+# another non-directory: never followed, refused.
+_NOT_A_DIR = frozenset({errno.ELOOP, errno.ENOTDIR})
+
+
+class _Escape(Exception):
+    """A fan-out folder that is a symbolic link (or not a directory): refused, never followed."""
 
 
 def object_name(key: StoreKey) -> str:
@@ -78,6 +92,10 @@ class DirectoryStore:
             raise StoreError(f"directory store root {str(root)!r} is not a directory")
         self.root = root
         self._root = str(root)
+        try:  # the root itself is the operator's: a link to it is followed, once, here
+            self._root_fd = open_dir(self._root, follow=True)
+        except OSError as e:
+            raise StoreError(f"directory store root {str(root)!r}: cannot open it: {e}") from e
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # name -> file bytes, LRU first
         self._used = 0
@@ -85,7 +103,11 @@ class DirectoryStore:
         self._closed = False
         self._readers = Spreader(self.settings.read_threads, name="hicache-directory-get")
         self._writers = Spreader(self.settings.write_threads, name="hicache-directory-put")
-        self._scan()
+        try:
+            self._scan()
+        except BaseException:
+            os.close(self._root_fd)
+            raise
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DirectoryStore:
@@ -97,41 +119,65 @@ class DirectoryStore:
 
     # -- index --------------------------------------------------------------------------------
 
-    def _dir(self, name: str) -> str:
-        return f"{self._root}/{name[:2]}"
+    @contextlib.contextmanager
+    def _fan(self, name: str, *, create: bool = False) -> Any:
+        """The open fan-out folder of object ``name`` (made first when ``create``); _Escape
+        when it is a link; FileNotFoundError when it does not exist."""
+        try:
+            fd = open_dir(name[:2], dir_fd=self._root_fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name[:2], 0o700, dir_fd=self._root_fd)
+            fd = self._open_fan(name)
+        except OSError as e:
+            if e.errno in _NOT_A_DIR:
+                raise _Escape(name[:2]) from e
+            raise
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
-    def _path(self, name: str) -> str:
-        # Plain strings: pathlib costs a few microseconds per call on the get path.
-        return f"{self._root}/{name[:2]}/{name}{SUFFIX}"
+    def _open_fan(self, name: str) -> int:
+        try:
+            return open_dir(name[:2], dir_fd=self._root_fd)
+        except OSError as e:
+            if e.errno in _NOT_A_DIR:
+                raise _Escape(name[:2]) from e
+            raise
 
     def _scan(self) -> None:
         """Rebuild the LRU order from mtimes; drop temp files older than stale_tmp_s."""
         found: list[tuple[int, str, int]] = []
         now = time.time()
-        for fan in os.scandir(self.root):
-            if len(fan.name) != 2:
-                continue
-            if fan.is_symlink():  # objects must never be written through a link out of the root
+        with os.scandir(self._root_fd) as fans:
+            names = [f.name for f in fans if len(f.name) == 2]
+        for fan in sorted(names):
+            try:
+                with self._fan(fan) as fd, os.scandir(fd) as entries:
+                    for entry in entries:
+                        if not entry.is_file(follow_symlinks=False):
+                            continue
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:  # removed by another process sharing the root
+                            continue
+                        if entry.name.endswith(SUFFIX):
+                            found.append((st.st_mtime_ns, entry.name[: -len(SUFFIX)], st.st_size))
+                        elif entry.name.endswith(TMP_SUFFIX) and now - st.st_mtime >= (
+                            self.settings.stale_tmp_s
+                        ):
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(entry.name, dir_fd=fd)
+            except _Escape:  # objects must never be read or written through a link
                 raise StoreError(
-                    f"directory store root {self._root!r}: {fan.name!r} is a symbolic link; "
+                    f"directory store root {self._root!r}: {fan!r} is a symbolic link; "
                     "remove it (the root must be private to hicache)"
-                )
-            if not fan.is_dir(follow_symlinks=False):
+                ) from None
+            except FileNotFoundError:  # removed by another process sharing the root
                 continue
-            for entry in os.scandir(fan.path):
-                if not entry.is_file(follow_symlinks=False):
-                    continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:  # removed by another process sharing the root
-                    continue
-                if entry.name.endswith(SUFFIX):
-                    found.append((st.st_mtime_ns, entry.name[: -len(SUFFIX)], st.st_size))
-                elif entry.name.endswith(TMP_SUFFIX) and now - st.st_mtime >= (
-                    self.settings.stale_tmp_s
-                ):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
         found.sort()
         for _, name, size in found:
             self._index[name] = size
@@ -159,16 +205,17 @@ class DirectoryStore:
         size = self._index.pop(name, None)
         if size is not None:
             self._used -= size
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(name))
+        with contextlib.suppress(FileNotFoundError, _Escape), self._fan(name) as fd:
+            os.unlink(name + SUFFIX, dir_fd=fd)
 
     def _sync_locked(self, name: str) -> int | None:
         """Make ``name``'s entry match its file (most recently used if present); its size."""
         old = self._index.pop(name, None)
         self._used -= old or 0
         try:
-            size = os.stat(self._path(name), follow_symlinks=False).st_size
-        except OSError:
+            with self._fan(name) as fd:
+                size = os.stat(name + SUFFIX, dir_fd=fd, follow_symlinks=False).st_size
+        except (OSError, _Escape):
             return None
         self._index[name] = size
         self._used += size
@@ -261,19 +308,21 @@ class DirectoryStore:
         segments = flat_segments(buffer)
         if segments is None:
             return StoreStatus.INVALID
-        path = self._path(name)
         try:
-            fd = open_object(path)
+            with self._fan(name) as fan:
+                fd = open_object(name + SUFFIX, dir_fd=fan)
         except FileNotFoundError:
             with self._lock:
                 self._sync_locked(name)
+            return StoreStatus.MISS
+        except _Escape:  # a link where the fan-out folder was: never read through it
             return StoreStatus.MISS
         except OSError:
             return StoreStatus.TRANSIENT
         try:
             status = read_object(fd, key, segments)
         except CorruptObject:
-            self._remove_corrupt(name, path, fd)
+            self._remove_corrupt(name, fd)
             return StoreStatus.MISS
         except OSError:
             return StoreStatus.TRANSIENT
@@ -283,10 +332,12 @@ class DirectoryStore:
             self._touch(name)
         return status
 
-    def _remove_corrupt(self, name: str, path: str, fd: int) -> None:
+    def _remove_corrupt(self, name: str, fd: int) -> None:
         """Unlink the damaged file unless a put has already replaced it with a new one."""
-        with self._lock, contextlib.suppress(OSError):
-            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+        with self._lock, contextlib.suppress(OSError, _Escape):
+            with self._fan(name) as fan:
+                now = os.stat(name + SUFFIX, dir_fd=fan, follow_symlinks=False).st_ino
+            if now == os.fstat(fd).st_ino:
                 self._unlink_locked(name)
             else:
                 self._sync_locked(name)
@@ -304,7 +355,6 @@ class DirectoryStore:
         segments = flat_segments(buffer)
         if segments is None:
             return StoreStatus.INVALID
-        path = self._path(name)
         size = HEADER_SPAN + buffer_nbytes(segments)
         cap = self.settings.capacity_bytes
         if cap is not None and size > cap:
@@ -317,38 +367,42 @@ class DirectoryStore:
             self._pending += size
         status, tmp = StoreStatus.TRANSIENT, None
         try:
-            status, tmp = self._write_tmp(key, name, segments)
+            with self._fan(name, create=True) as fan:
+                try:
+                    status, tmp = self._write_tmp(key, name, segments, fan)
+                finally:
+                    with self._lock:
+                        self._pending -= size
+                        size = 0
+                        if tmp is not None:
+                            try:
+                                os.rename(tmp, name + SUFFIX, src_dir_fd=fan, dst_dir_fd=fan)
+                            except OSError as e:
+                                status = failed_status(e)
+                                with contextlib.suppress(OSError):
+                                    os.unlink(tmp, dir_fd=fan)
+                            self._sync_locked(name)
+                if status.ok and self.settings.fsync:
+                    os.fsync(fan)
+        except _Escape:  # a link where the fan-out folder was: never written through
+            status = StoreStatus.FATAL
+        except OSError as e:
+            status = failed_status(e)
         finally:
-            with self._lock:
-                self._pending -= size
-                if tmp is not None:
-                    try:
-                        os.rename(tmp, path)
-                    except OSError as e:
-                        status = failed_status(e)
-                        with contextlib.suppress(OSError):
-                            os.unlink(tmp)
-                    self._sync_locked(name)
-        if status.ok and self.settings.fsync:
-            try:
-                fsync_dir(self._dir(name))
-            except OSError as e:
-                return failed_status(e)
+            if size:  # the folder could not be opened: nothing was written
+                with self._lock:
+                    self._pending -= size
         return status
 
     def _write_tmp(
-        self, key: StoreKey, name: str, segments: list[memoryview]
+        self, key: StoreKey, name: str, segments: list[memoryview], fan: int
     ) -> tuple[StoreStatus, str | None]:
-        """Write the object to a fresh temporary file in its directory; it and OK, or a status."""
-        folder = self._dir(name)
-        tmp = f"{folder}/{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+        """Write the object to a fresh temporary file in its open fan-out folder ``fan``; its
+        name and OK, or a status."""
+        tmp = f"{name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
         write = self.settings.checksum, self.settings.fsync
         try:
-            try:
-                write_object(tmp, key, segments, write[0], fsync=write[1])
-            except FileNotFoundError:  # the fan-out folder is not made yet (or was removed)
-                os.makedirs(folder, mode=0o700, exist_ok=True)
-                write_object(tmp, key, segments, write[0], fsync=write[1])
+            write_object(tmp, key, segments, write[0], fsync=write[1], dir_fd=fan)
         except OSError as e:
             return failed_status(e), None
         return StoreStatus.OK, tmp
@@ -390,6 +444,7 @@ class DirectoryStore:
         self._closed = True
         self._readers.close()  # pages in flight on helper threads finish first
         self._writers.close()
+        os.close(self._root_fd)
         if self._owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
 

@@ -6,7 +6,7 @@
   device or socket: those are refused before anything reads, a reader never blocks on them).
 - read_object: check an open object against a key and read its payload into segments.
 - failed_status: the StoreStatus of a failed file operation (FULL for a full disk or quota).
-- fsync_dir: fsync a directory, so that a rename in it survives a power loss.
+- open_dir: open a directory without following a link (the store's fan-out folders).
 - CHUNK / IOV_MAX: the bytes checked and moved per system call, and the segments per call.
 - use_native_io: switch the C path for XXH3 and BLOCKSUM64 objects off or on (the same files
   either way).
@@ -63,14 +63,21 @@ def flat_segments(buffer: PageBuffer) -> list[memoryview] | None:
 
 
 def write_object(
-    path: str, key: StoreKey, segments: list[memoryview], checksum: Checksum, *, fsync: bool
+    path: str,
+    key: StoreKey,
+    segments: list[memoryview],
+    checksum: Checksum,
+    *,
+    fsync: bool,
+    dir_fd: int | None = None,
 ) -> None:
-    """Create ``path`` (it must not exist) holding ``key``'s header and the payload
-    ``segments``, fsynced if asked. On any failure, or interruption, ``path`` is removed and
-    the error raised."""
+    """Create ``path`` (it must not exist; relative to the directory open at ``dir_fd`` when
+    given) holding ``key``'s header and the payload ``segments``, fsynced if asked. On any
+    failure, or interruption, ``path`` is removed and the error raised."""
     fd = -1
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+        fd = os.open(path, flags, 0o600, dir_fd=dir_fd)
         native = _native(checksum)
         moved = None if native is None else _native_write(native, checksum, fd, segments)
         if moved is not None:
@@ -89,18 +96,19 @@ def write_object(
         if fd >= 0:
             os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            os.unlink(path, dir_fd=dir_fd)
         raise
 
 
-def open_object(path: str) -> int:
-    """A read-only descriptor of the object file ``path`` (OSError if absent or a link).
+def open_object(path: str, *, dir_fd: int | None = None) -> int:
+    """A read-only descriptor of the object file ``path`` (relative to ``dir_fd`` when given;
+    OSError if absent or a link).
 
     Opened non-blocking and checked with fstat before anything reads it: a FIFO, device or
     socket at an object's name (never a file the store wrote) is FileNotFoundError (a miss),
     so a reader never waits on it forever.
     """
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK, dir_fd=dir_fd)
     try:
         mode = os.fstat(fd).st_mode
     except BaseException:
@@ -184,12 +192,11 @@ def failed_status(e: OSError) -> StoreStatus:
     return StoreStatus.FULL if e.errno in _FULL_ERRNOS else StoreStatus.TRANSIENT
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | _CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def open_dir(path: str, *, dir_fd: int | None = None, follow: bool = False) -> int:
+    """A descriptor of the directory ``path`` (relative to ``dir_fd`` when given); a symbolic
+    link there is an OSError (ELOOP or ENOTDIR) unless ``follow``."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC | (0 if follow else _NOFOLLOW)
+    return os.open(path, flags, dir_fd=dir_fd)
 
 
 def _advance(pending: list[memoryview], done: int) -> None:
