@@ -2,7 +2,9 @@
 
 ``python -m tests.integrations.vllm.runner SPEC.json`` where SPEC is {"model": folder,
 "mode": "inproc" | "mp", "tp": 1, "llm": {more LLM keyword arguments}, "prompts": [[token
-ids], ...], "phases": [...]}; each phase starts one LLM (``connector``: the
+ids] | {"tokens": [token ids], "salt": cache_salt, "lora": adapter name}, ...], "loras":
+{adapter name: folder} (LoRA adapters: the LLM needs "enable_lora": true), "phases": [...]};
+each phase starts one LLM (``connector``: the
 kv_connector_extra_config, or null for none; ``llm``: more keyword arguments, over the spec's)
 and runs its ``steps``: ["gen", [prompt indexes]] | ["followup", i, n] (the next turn of a
 chat: prompt i, its last output and n more tokens) | ["reset"] (vLLM's prefix cache) |
@@ -46,6 +48,41 @@ def make_model(folder: Path, *, layers: int = 2, seed: int = 0) -> Path:
     )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder)
+    return folder
+
+
+def make_lora(folder: Path, *, layers: int = 2, rank: int = 8, seed: int = 1) -> Path:
+    """A LoRA adapter for make_model's Llama (q, k, v and o projections of every layer), in
+    PEFT's files (adapter_config.json, adapter_model.safetensors); B is not zero, so the
+    adapter changes the KV and the output."""
+    import torch
+    from safetensors.torch import save_file
+
+    if (folder / "adapter_config.json").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"q_proj": (256, 256), "k_proj": (128, 256), "v_proj": (128, 256), "o_proj": (256, 256)}
+    tensors: dict[str, torch.Tensor] = {}
+    for layer in range(layers):
+        for name, (out, inp) in shapes.items():
+            base = f"base_model.model.model.layers.{layer}.self_attn.{name}"
+            tensors[f"{base}.lora_A.weight"] = torch.randn(rank, inp, generator=gen) * 0.2
+            tensors[f"{base}.lora_B.weight"] = torch.randn(out, rank, generator=gen) * 0.2
+    save_file({k: v.contiguous() for k, v in tensors.items()}, folder / "adapter_model.safetensors")
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": rank,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": sorted(shapes),
+        "base_model_name_or_path": None,
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config))
     return folder
 
 
@@ -101,7 +138,22 @@ def run(spec: dict[str, object]) -> dict[str, object]:
     params = SamplingParams(
         temperature=0.0, max_tokens=int(spec.get("max_tokens", 24)), ignore_eos=True
     )
-    prompts: list[list[int]] = spec["prompts"]  # type: ignore[assignment]
+    from vllm.lora.request import LoRARequest
+
+    prompts: list[list[int]] = []
+    extras: list[dict[str, object]] = []  # each prompt's cache_salt and LoRA adapter
+    for p in spec["prompts"]:  # type: ignore[attr-defined]
+        prompts.append(list(p["tokens"]) if isinstance(p, dict) else list(p))
+        extras.append(dict(p) if isinstance(p, dict) else {})
+    loras = {
+        name: LoRARequest(name, i + 1, str(path))
+        for i, (name, path) in enumerate(sorted(dict(spec.get("loras", {})).items()))  # type: ignore[call-overload]
+    }
+
+    def inputs(i: int, tokens: list[int]) -> dict[str, object]:
+        salt = extras[i].get("salt")
+        return {"prompt_token_ids": tokens, **({"cache_salt": salt} if salt else {})}
+
     out: list[list[object]] = []
     blocks: list[int] = []
     last: dict[int, list[int]] = {}  # prompt index -> its last output
@@ -120,13 +172,18 @@ def run(spec: dict[str, object]) -> dict[str, object]:
             if step[0] in ("gen", "followup"):
                 import time
 
+                which = list(step[1]) if step[0] == "gen" else [step[1]]
                 if step[0] == "gen":
-                    batch = [prompts[i] for i in step[1]]
+                    batch = [inputs(i, prompts[i]) for i in which]
                 else:
-                    batch = [_followup(prompts[step[1]], last[step[1]], step[2])]
+                    batch = [inputs(step[1], _followup(prompts[step[1]], last[step[1]], step[2]))]
+                adapters = [loras.get(str(extras[i].get("lora"))) for i in which]
                 t0 = time.perf_counter()
                 got = llm.generate(  # type: ignore[attr-defined]
-                    [{"prompt_token_ids": p} for p in batch], params, use_tqdm=False
+                    batch,
+                    params,
+                    use_tqdm=False,
+                    lora_request=adapters if any(adapters) else None,
                 )
                 ms = (time.perf_counter() - t0) * 1000
                 if step[0] == "gen":

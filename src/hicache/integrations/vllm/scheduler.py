@@ -1,8 +1,12 @@
 """The scheduler side's decisions: hits, load plans and save plans (no vLLM import, no torch).
 
-- SchedulerSide.match(req_id, prompt, num_computed): how many tokens beyond vLLM's own hit
-  hicache restores (whole blocks, never the prompt's last token) and whether asynchronously
+- SchedulerSide.match(req_id, prompt, num_computed, extras): how many tokens beyond vLLM's own
+  hit hicache restores (whole blocks, never the prompt's last token) and whether asynchronously
   (any page in the store: it is read between steps without blocking other requests).
+  ``extras`` (hicache.integrations.vllm.block_keys.BlockExtras, None: tokens alone) gives each
+  block's extra keys (LoRA, multimodal items, cache_salt, prompt embeddings), chained into the
+  page keys; a request whose extras cannot be encoded (UnkeyableError) is neither matched nor
+  saved, and counted (``unkeyable_requests``).
 - after_alloc(req_id, block_ids, num_external): pins the host pages, reserves host slots for
   the store pages, and queues the LoadOp of the blocks vLLM allocated.
 - build(steps, block_ids_of): the StepPlan of one step: the queued loads, and a SaveOp for
@@ -34,6 +38,8 @@ import attrs
 from hicache.domain import CacheStateError
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import Store, StoreKey
+from hicache.engine.logs import get_logger
+from hicache.integrations.vllm.block_keys import BlockExtras, UnkeyableError, chain_block_keys
 from hicache.integrations.vllm.host_index import HostIndex
 from hicache.integrations.vllm.plan import (
     Agreement,
@@ -49,12 +55,16 @@ from hicache.integrations.vllm.plan import (
 )
 from hicache.integrations.vllm.stats import ConnectorStats
 
+log = get_logger("hicache.vllm")
+
 
 @attrs.define
 class _Request:
     prompt_len: int
     keys: list[bytes] = attrs.field(factory=list)
     saved_upto: int = 0  # blocks [0, saved_upto) were planned (saved or found held)
+    extras: BlockExtras | None = None  # None: blocks keyed by their tokens alone
+    unkeyable: bool = False  # its extras cannot be keyed: neither matched nor saved
 
 
 @attrs.define
@@ -115,29 +125,57 @@ class SchedulerSide:
     def _keys(
         self, req_id: str, tokens: Sequence[int], blocks: int, prompt_len: int
     ) -> list[bytes]:
+        """The keys of the request's first ``blocks`` blocks (computed once each); none when
+        the request is unkeyable (then counted once and never matched or saved)."""
         st = self._reqs.get(req_id)
         if st is None:
             st = self._reqs[req_id] = _Request(prompt_len)
         have = len(st.keys)
-        if blocks > have:
+        if blocks > have and not st.unkeyable:
             bs = self.block_size
             prior = st.keys[-1] if st.keys else None
-            st.keys.extend(chain_keys(list(tokens[have * bs : blocks * bs]), bs, prior=prior))
-        return st.keys[:blocks]
+            piece = list(tokens[have * bs : blocks * bs])
+            if st.extras is None:
+                st.keys.extend(chain_keys(piece, bs, prior=prior))
+            else:
+                try:
+                    digests = st.extras.digests(have, blocks)
+                    st.keys.extend(chain_block_keys(piece, bs, digests, prior=prior))
+                except UnkeyableError as exc:
+                    self._unkeyable(req_id, st, exc)
+        return [] if st.unkeyable else st.keys[:blocks]
+
+    def _unkeyable(self, req_id: str, st: _Request, exc: UnkeyableError) -> None:
+        st.unkeyable = True
+        self._hits.pop(req_id, None)
+        self.stats.add("unkeyable_requests", 1)
+        self.stats.error("key", "unkeyable")
+        log.warning("vllm.request_not_cached", request=req_id, reason=str(exc))
 
     # ---- hits ------------------------------------------------------------------------------
 
-    def match(self, req_id: str, prompt: Sequence[int], num_computed: int) -> tuple[int, bool]:
+    def match(
+        self,
+        req_id: str,
+        prompt: Sequence[int],
+        num_computed: int,
+        extras: BlockExtras | None = None,
+    ) -> tuple[int, bool]:
         bs = self.block_size
         limit = (len(prompt) - 1) // bs  # at least one token stays for vLLM to compute
         start = num_computed // bs
         self._hits.pop(req_id, None)
         self._looked[req_id] = (len(prompt), min(num_computed, len(prompt)))
-        if req_id not in self._reqs:  # saved later even when nothing is hit now
-            self._reqs[req_id] = _Request(len(prompt))
-        if limit <= start:
+        st = self._reqs.get(req_id)
+        if st is None:  # saved later even when nothing is hit now
+            st = self._reqs[req_id] = _Request(len(prompt))
+        # The latest reader of the request's extras (a streaming session's later items).
+        st.extras = extras
+        if limit <= start or st.unkeyable:
             return 0, False
         keys = self._keys(req_id, prompt, limit, len(prompt))
+        if not keys:  # unkeyable
+            return 0, False
         if self.states is not None:
             return self._match_hybrid(req_id, keys, start, limit)
         i = start  # blocks before start are vLLM's own hit: hicache need not hold them
@@ -372,7 +410,7 @@ class SchedulerSide:
         pins = 2 if self.write_storage else 1
         for s in steps:
             st = self._reqs.get(s.req_id)
-            if st is None:
+            if st is None or st.unkeyable:
                 continue
             upto = len(s.tokens) if self.save_decode else st.prompt_len
             if self.states is not None and state_ids_of is not None:
@@ -381,6 +419,8 @@ class SchedulerSide:
             if full <= st.saved_upto:
                 continue
             keys = self._keys(s.req_id, s.tokens, full, st.prompt_len)
+            if not keys:  # unkeyable
+                continue
             blocks = block_ids_of(s.req_id)
             for b in range(st.saved_upto, min(full, len(blocks))):
                 key = keys[b]
@@ -412,7 +452,10 @@ class SchedulerSide:
         j = end // self.block_size
         if end % self.block_size or end > upto or j < 1:
             return
-        skey = state_key(self._keys(s.req_id, s.tokens, j, st.prompt_len)[j - 1])
+        keys = self._keys(s.req_id, s.tokens, j, st.prompt_len)
+        if not keys:  # unkeyable
+            return
+        skey = state_key(keys[j - 1])
         if states.known(skey):
             return
         groups = state_ids_of(s.req_id)

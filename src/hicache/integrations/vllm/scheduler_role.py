@@ -3,7 +3,8 @@
 - SchedulerConnector: get_num_new_matched_tokens, update_state_after_alloc,
   build_connector_meta, update_connector_output, request_finished, reset_cache. It reads
   vLLM's Request, KVCacheBlocks and SchedulerOutput and hands plain values (token ids, block
-  ids) to hicache.integrations.vllm.scheduler.SchedulerSide, which decides hits and plans.
+  ids, each block's extra keys through hicache.integrations.vllm.request_keys) to
+  hicache.integrations.vllm.scheduler.SchedulerSide, which decides hits and plans.
 
 Reference: vllm/distributed/kv_transfer/kv_connector/v1/base.py (the scheduler-side methods),
 vllm/v1/core/sched/output.py (SchedulerOutput).
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hicache.domain.storage import Store, StoreKey
 from hicache.integrations.vllm.layout import Shape
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
+from hicache.integrations.vllm.request_keys import prompt_tokens, request_extras
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import ConnectorStats
@@ -59,8 +61,12 @@ class SchedulerConnector:
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         self._requests[request.request_id] = request
-        prompt = list(request.prompt_token_ids or [])
-        return self.side.match(request.request_id, prompt, num_computed_tokens)
+        return self.side.match(
+            request.request_id,
+            prompt_tokens(request),
+            num_computed_tokens,
+            request_extras(request, self.shape.block_size),
+        )
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
