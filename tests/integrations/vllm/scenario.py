@@ -200,3 +200,33 @@ def hybrid_two_process_spec(model: Path, tmp: Path) -> dict[str, Any]:
             {"connector": connector, "steps": [["gen", [0]]]},
         ],
     }
+
+
+# Page keys (tests/integrations/vllm/test_vllm_keys.py): one 640-token prompt under two cache
+# salts, none, and two LoRA adapters; 19 full blocks of 32 may hit (608 tokens).
+KPROMPT = [_rng.randrange(1, 1000) for _ in range(640)]
+KEYS_HIT = (len(KPROMPT) - 1) // BLOCK * BLOCK  # 608
+KEYS_LLM = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 2}
+
+
+def keys_spec(model: Path, loras: dict[str, Path]) -> dict[str, Any]:
+    """One vLLM (LoRA enabled), its prefix cache reset before every request, so a cached
+    token comes from the connector: salts A and B, no salt, adapters a and b."""
+    steps: list[list[Any]] = []
+    for i in (0, 1, 0, 2, 2, 3, 4, 3, 4):
+        steps += [["reset"], ["gen", [i]]]
+    return {
+        "model": str(model),
+        "mode": "inproc",
+        "llm": KEYS_LLM,
+        "loras": {name: str(path) for name, path in loras.items()},
+        "prompts": [
+            {"tokens": KPROMPT, "salt": "tenant-a"},  # 0
+            {"tokens": KPROMPT, "salt": "tenant-b"},  # 1
+            KPROMPT,  # 2: no salt
+            {"tokens": KPROMPT, "lora": "a"},  # 3
+            {"tokens": KPROMPT, "lora": "b"},  # 4
+        ],
+        # step 2k + 1 runs: A, B, A, none, none, adapter a, adapter b, a, b
+        "phases": [{"connector": {"host_gib": 0.05}, "steps": steps}],
+    }

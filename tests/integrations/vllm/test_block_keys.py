@@ -33,10 +33,7 @@ def reference(tokens: list[int], digests: list[bytes | None], prior: bytes | Non
     keys = []
     for b, d in enumerate(digests):
         page = pack_tokens(tokens[b * BS : (b + 1) * BS])
-        if d is None:
-            msg = (prior or b"") + page
-        else:
-            msg = (prior or NO_PRIOR) + page + d
+        msg = (prior or b"") + page if d is None else (prior or NO_PRIOR) + page + d
         prior = hashlib.sha256(msg).digest()
         keys.append(prior)
     return keys

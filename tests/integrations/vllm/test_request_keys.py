@@ -246,7 +246,8 @@ def test_a_request_hicache_cannot_key_is_neither_matched_nor_saved_and_is_counte
             [Scheduled("x", [*req.all_token_ids, 5, 6, 7], len(PROMPT), 3)],
             lambda _r: list(range(100)),
         )
-    assert plan.saves == [] and plan2.saves == []
+    assert plan.saves == []
+    assert plan2.saves == []
     assert s.stats.snapshot()["unkeyable_requests"] == 1
     (log,) = [e for e in logs if e["event"] == "vllm.request_not_cached"]
     assert log["request"] == "x"
