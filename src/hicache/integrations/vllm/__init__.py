@@ -6,7 +6,7 @@
   It dispatches each hook to its role's object: SchedulerConnector (scheduler_role) or
   WorkerConnector (worker_role); Layout and Shape (layout), the metadata the roles exchange
   (metadata) and vLLM's metrics objects (vllm_metrics) import vLLM too.
-- ConnectorSettings (settings), HostIndex (host_index), SchedulerSide (scheduler),
+- ConnectorSettings (settings), SchedulerSide (scheduler; its host index is hicache.domain.host_pages.HostPages),
   WorkerTransfers (worker), StepPlan and the per-page events (plan), ConnectorStats (stats),
   the process's hicache metrics (exporter): the parts, importable without vLLM.
 

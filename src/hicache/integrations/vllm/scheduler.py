@@ -36,11 +36,12 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from hicache.domain import CacheStateError
+from hicache.domain.host_pages import HostPages
 from hicache.domain.keys import chain_keys
+from hicache.domain.pools import PoolName
 from hicache.domain.storage import Store, StoreKey
 from hicache.engine.logs import get_logger
 from hicache.integrations.vllm.block_keys import BlockExtras, UnkeyableError, chain_block_keys
-from hicache.integrations.vllm.host_index import HostIndex
 from hicache.integrations.vllm.plan import (
     Agreement,
     Event,
@@ -101,9 +102,9 @@ class SchedulerSide:
         state_slots: int = 0,
     ) -> None:
         self.block_size = block_size
-        self.index = HostIndex(host_slots)
+        self.index = HostPages(host_slots)
         self.state_groups = state_groups
-        self.states = HostIndex(state_slots) if state_groups else None
+        self.states = HostPages(state_slots, pool=PoolName.MAMBA) if state_groups else None
         self.store = store
         self.store_keys = store_keys  # one key per rank
         self.write_storage = write_storage and store is not None
@@ -469,7 +470,7 @@ class SchedulerSide:
             return
         plan.state_saves.append(StateSave(s.req_id, skey, slot, blocks, self.write_storage))
 
-    def _index(self, key: bytes) -> HostIndex:
+    def _index(self, key: bytes) -> HostPages:
         if is_state(key) and self.states is not None:
             return self.states
         return self.index
