@@ -9,7 +9,9 @@ kv_connector_extra_config, or null for none; ``llm``: more keyword arguments, ov
 and runs its ``steps``: ["gen", [prompt indexes]] | ["followup", i, n] (the next turn of a
 chat: prompt i, its last output and n more tokens) | ["reset"] (vLLM's prefix cache) |
 ["reset_all"] (and hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's
-flag files) | ["damage", store folder] (flip a byte in every stored object). The last stdout
+flag files) | ["damage", store folder] (flip a byte in every stored object) | ["metrics"]
+(vLLM's counters of the connector, {"name{label=value}": value}: the LLM needs
+``disable_log_stats`` False). The last stdout
 line is ``HICACHE-RESULT {"phases": [[step result, ...], ...], "block_sizes": [each phase's
 block size as vLLM settled it]}``; a "gen" result is a list of {"tokens", "cached" (vLLM's
 num_cached_tokens), "ms"}.
@@ -132,6 +134,22 @@ def _llm(
     )
 
 
+METRICS = ("vllm:hicache_", "vllm:prompt_tokens_cached_by_source", "vllm:external_prefix_cache")
+
+
+def _metrics(llm: object) -> dict[str, float]:
+    """vLLM's counters of the connector: ``name`` or ``name{label=value}`` -> value."""
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():  # type: ignore[attr-defined]
+        if not m.name.startswith(METRICS) or not hasattr(m, "value"):
+            continue
+        extra = {k: v for k, v in m.labels.items() if k not in ("engine", "model_name")}
+        name = m.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(extra.items())) + "}"
+                         if extra else "")
+        out[name] = out.get(name, 0) + float(m.value)
+    return out
+
+
 def run(spec: dict[str, object]) -> dict[str, object]:
     from vllm import SamplingParams
 
@@ -211,6 +229,8 @@ def run(spec: dict[str, object]) -> dict[str, object]:
                 else:
                     flag.write_text(str(step[3]))
                 results.append(step[2])
+            elif step[0] == "metrics":  # vLLM's counters so far (needs disable_log_stats False)
+                results.append(_metrics(llm))
             elif step[0] == "damage":
                 n = 0
                 for f in sorted(Path(step[1]).rglob("*.obj")):

@@ -39,6 +39,7 @@ def full_spec(model: Path, tmp: Path, mode: str) -> dict[str, Any]:
     return {
         "model": str(model),
         "mode": mode,
+        "llm": {"disable_log_stats": False},  # vLLM's metrics: the "metrics" steps read them
         "prompts": [PROMPT0, PROMPT1],
         "phases": [
             {
@@ -53,6 +54,7 @@ def full_spec(model: Path, tmp: Path, mode: str) -> dict[str, Any]:
                     ["gen", [0]],  # a6: PROMPT0 again into the host tier
                     ["reset"],
                     ["gen", [1]],  # a8: partial host hit
+                    ["metrics"],  # a9: host hits a2 + a8
                 ],
             },
             {"connector": faulty(store, flags), "steps": [["gen", [0, 1]]]},  # b0: written
@@ -62,15 +64,19 @@ def full_spec(model: Path, tmp: Path, mode: str) -> dict[str, Any]:
                     ["gen", [0]],  # c0: storage hit
                     ["reset_all"],
                     ["flag", f, "fail_after", 2],
-                    ["gen", [1]],  # c3: a store fault after 2 pages of the load
+                    ["metrics"],  # c3: before the fault
+                    ["gen", [1]],  # c4: a store fault after 2 pages of the load
+                    ["metrics"],  # c5: after it
                     ["flag", f, "fail_after", None],
                     ["reset_all"],
                     ["flag", f, "corrupt", 1],
-                    ["gen", [0]],  # c7: scrambled KV loaded: the output changes
+                    ["gen", [0]],  # c9: scrambled KV loaded: the output changes
                     ["flag", f, "corrupt", None],
                     ["reset_all"],
-                    ["damage", str(store)],
-                    ["gen", [0]],  # c11: damaged objects: checksum -> recompute
+                    ["damage", str(store)],  # c12
+                    ["metrics"],  # c13
+                    ["gen", [0]],  # c14: damaged objects: checksum -> recompute
+                    ["metrics"],  # c15: storage hits c0, c4, c9, c14 and the read errors
                 ],
             },
         ],

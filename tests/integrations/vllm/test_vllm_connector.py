@@ -24,6 +24,7 @@ from tests.integrations.vllm.vllm_support import require_vllm
 require_vllm()
 
 from tests.integrations.vllm.scenario import (  # noqa: E402
+    BLOCK,
     FULL_HIT,
     PARTIAL_HIT,
     full_spec,
@@ -122,21 +123,61 @@ def test_storage_hit_after_restart_gives_identical_tokens(scenario: dict[str, An
     assert hit["tokens"] == _gen(scenario, 0, 0)["tokens"]
 
 
+def _counted(result: dict[str, Any], phase: int, before: int, after: int) -> dict[str, float]:
+    """What vLLM's counters of the connector grew by between two "metrics" steps."""
+    old, new = result["phases"][phase][before], result["phases"][phase][after]
+    return {k: v - old.get(k, 0) for k, v in new.items() if v != old.get(k, 0)}
+
+
+def _page_bytes(result: dict[str, Any]) -> float:
+    """One page's bytes: the restart's first storage hit (c0) read FULL_HIT tokens' pages."""
+    return result["phases"][2][3]["vllm:hicache_read_bytes"] / (FULL_HIT // BLOCK)  # type: ignore[no-any-return]
+
+
 def test_store_fault_mid_load_recomputes_identical_tokens(scenario: dict[str, Any]) -> None:
-    got = _gen(scenario, 2, 3)
+    got = _gen(scenario, 2, 4)
     assert got["tokens"] == _gen(scenario, 0, 4)["tokens"]
+    assert got["cached"] == FULL_HIT  # the store's hit was offered and accepted
+    grew = _counted(scenario, 2, 3, 5)
+    pages = FULL_HIT // BLOCK
+    # exactly the 2 pages before the fault were read, the other 7 failed and were recomputed
+    assert grew["vllm:hicache_read_bytes"] == 2 * _page_bytes(scenario)
+    assert grew["vllm:hicache_load_errors"] == pages - 2
+    assert grew["vllm:hicache_hit_tokens_storage"] == FULL_HIT
 
 
 def test_scrambled_loaded_kv_changes_the_output(scenario: dict[str, Any]) -> None:
-    got = _gen(scenario, 2, 7)
+    got = _gen(scenario, 2, 9)
     assert got["cached"] == FULL_HIT
     assert got["tokens"] != _gen(scenario, 0, 0)["tokens"]
 
 
 def test_damaged_stored_bytes_are_recomputed_by_checksum(scenario: dict[str, Any]) -> None:
-    assert scenario["phases"][2][10] > 0  # objects were damaged on disk
-    got = _gen(scenario, 2, 11)
+    assert scenario["phases"][2][12] > 0  # objects were damaged on disk
+    got = _gen(scenario, 2, 14)
     assert got["tokens"] == _gen(scenario, 0, 0)["tokens"]
+    assert got["cached"] == 0  # every page failed its checksum: vLLM recomputed from block 0
+    grew = _counted(scenario, 2, 13, 15)
+    assert grew["vllm:hicache_hit_tokens_storage"] == FULL_HIT  # the hit was planned
+    assert grew["vllm:hicache_read_errors"] == FULL_HIT // BLOCK  # and every read rejected
+    assert "vllm:hicache_read_bytes" not in grew
+
+
+def test_vllm_metrics_count_each_hit_token_once_by_tier(scenario: dict[str, Any]) -> None:
+    """Phase a: host hits of 288 (a2) and 192 (a8) tokens; phase c: four storage hits of 288."""
+    host = scenario["phases"][0][9]
+    assert host["vllm:hicache_hit_tokens_host"] == FULL_HIT + PARTIAL_HIT
+    assert host["vllm:hicache_hit_tokens_storage"] == 0
+    assert host["vllm:external_prefix_cache_hits"] == FULL_HIT + PARTIAL_HIT
+    assert host["vllm:prompt_tokens_cached_by_source{source=host}"] == FULL_HIT + PARTIAL_HIT
+    storage = scenario["phases"][2][15]
+    assert storage["vllm:hicache_hit_tokens_storage"] == 4 * FULL_HIT
+    assert storage["vllm:hicache_hit_tokens_host"] == 0
+    # FaultyStore is a "dynamic" plug-in: vLLM's split names it external_unspecified
+    assert storage["vllm:prompt_tokens_cached_by_source{source=external_unspecified}"] == (
+        4 * FULL_HIT
+    )
+    assert storage["vllm:prompt_tokens_cached_by_source{source=host}"] == 0
 
 
 def test_two_process_mode_host_partial_and_storage_hits_give_identical_tokens(

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
@@ -230,6 +231,13 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self._as_scheduler("update_state_after_alloc").update_state_after_alloc(
             request, blocks, num_external_tokens
         )
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        return self._as_scheduler(
+            "get_external_cache_hit_sources"
+        ).get_external_cache_hit_sources(request, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         manager = self._kv_cache_manager

@@ -96,7 +96,7 @@ class Shape:
     host_slots: int  # KV pages (one block of every attention layer)
     state_slots: int  # hybrid: states (one state of every state layer); 0 for dense models
     state_host_bytes: int
-    ranks: int  # tensor parallel ranks: one store object per rank and page
+    ranks: int  # tensor parallel ranks: one store object per rank and page (pp is refused)
     namespace: str
 
     @property
@@ -107,6 +107,15 @@ class Shape:
     def of(
         cls, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, settings: ConnectorSettings
     ) -> Shape:
+        par = vllm_config.parallel_config
+        pp = int(par.pipeline_parallel_size)
+        if pp != 1:
+            # Each pipeline stage would save only its own layers under the same (tp rank, page)
+            # store key, and a hit would wait for tp x pp ranks' reports of the same page.
+            raise ConfigError(
+                f"HiCacheConnector: pipeline_parallel_size = {pp}; expected 1 (pipeline "
+                "parallelism is not supported: use tensor_parallel_size to split the model)"
+            )
         block_size = int(vllm_config.cache_config.block_size)
         mode = str(getattr(vllm_config.cache_config, "mamba_cache_mode", "none"))
         layout = layout_of(kv_cache_config, mode)
@@ -125,7 +134,6 @@ class Shape:
                     else ""
                 )
             )
-        par = vllm_config.parallel_config
         model = vllm_config.model_config
         tp = int(par.tensor_parallel_size)
         ident = repr((model.model, str(model.dtype), block_size, layout, tp))
@@ -135,6 +143,6 @@ class Shape:
             host_slots=host_slots,
             state_slots=state_slots,
             state_host_bytes=state_host,
-            ranks=tp * int(par.pipeline_parallel_size),
+            ranks=tp,
             namespace="vllm-" + hashlib.sha256(ident.encode()).hexdigest()[:32],
         )

@@ -120,6 +120,7 @@ class SchedulerSide:
         self._bad: set[bytes] = set()
         self._hit_tokens = [0, 0]  # host, storage: since the last plan
         self._looked: dict[str, tuple[int, int]] = {}  # req_id -> (prompt tokens, vLLM's hit)
+        self._sources: dict[str, tuple[int, int]] = {}  # req_id -> accepted (host, storage)
 
     # ---- keys ------------------------------------------------------------------------------
 
@@ -269,6 +270,11 @@ class SchedulerSide:
         """vLLM allocated the request's blocks (``num_external``: the tokens it accepted from
         match; ``block_ids``: the attention group's, ``state_blocks``: each state group's, for
         a hybrid model); counts the request's lookup once, with what hicache really restores."""
+        hit = self._hits.get(req_id)
+        if hit is not None and num_external > 0:
+            n = num_external // self.block_size
+            on_host = max(0, min(hit.start + n, hit.host) - hit.start) * self.block_size
+            self._sources[req_id] = (min(on_host, num_external), num_external - on_host)
         if self.states is not None:
             host, storage = self._alloc_hybrid(req_id, block_ids, num_external, state_blocks)
         else:
@@ -387,6 +393,14 @@ class SchedulerSide:
         self._hit_tokens[1] += (len(taken) - host_blocks) * self.block_size
         return host_blocks, len(taken) - host_blocks
 
+    def hit_sources(self, req_id: str, num_external: int) -> tuple[int, int]:
+        """How many of the ``num_external`` tokens vLLM accepted for ``req_id`` were planned
+        from the host tier and how many from the store (they sum to ``num_external``); a
+        request without an accepted hit counts as the store's (the outermost tier)."""
+        host, _ = self._sources.pop(req_id, (0, 0))
+        host = min(max(host, 0), max(num_external, 0))
+        return host, max(num_external, 0) - host
+
     # ---- one step ------------------------------------------------------------------------
 
     def build(
@@ -496,3 +510,4 @@ class SchedulerSide:
         self._reqs.pop(req_id, None)
         self._hits.pop(req_id, None)
         self._looked.pop(req_id, None)
+        self._sources.pop(req_id, None)

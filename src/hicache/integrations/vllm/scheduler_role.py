@@ -1,7 +1,8 @@
 """The connector's SCHEDULER role: vLLM's scheduler-side hooks translated for SchedulerSide.
 
 - SchedulerConnector: get_num_new_matched_tokens, update_state_after_alloc,
-  build_connector_meta, update_connector_output, request_finished, reset_cache. It reads
+  get_external_cache_hit_sources, build_connector_meta, update_connector_output,
+  request_finished, reset_cache. It reads
   vLLM's Request, KVCacheBlocks and SchedulerOutput and hands plain values (token ids, block
   ids, each block's extra keys through hicache.integrations.vllm.request_keys) to
   hicache.integrations.vllm.scheduler.SchedulerSide, which decides hits and plans.
@@ -26,6 +27,7 @@ from hicache.integrations.vllm.stats import ConnectorStats
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
@@ -56,6 +58,7 @@ class SchedulerConnector:
             state_slots=shape.state_slots,
         )
         self._requests: dict[str, Request] = {}
+        self.storage_backend = settings.storage_backend
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -123,6 +126,22 @@ class SchedulerConnector:
         self.side.finished(request.request_id)
         self._requests.pop(request.request_id, None)
         return False, None
+
+    def get_external_cache_hit_sources(
+        self, request: Request, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        """vLLM's split of the accepted hit by tier: host pages as HOST, store pages as DISK
+        (the directory store) or EXTERNAL_UNSPECIFIED (any other store, e.g. Mooncake)."""
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+        host, storage = self.side.hit_sources(request.request_id, num_external_tokens)
+        outer = (
+            CacheHitSource.DISK
+            if self.storage_backend == "directory"
+            else CacheHitSource.EXTERNAL_UNSPECIFIED
+        )
+        out = {CacheHitSource.HOST: host, outer: storage}
+        return {source: n for source, n in out.items() if n}
 
     def reset_cache(self) -> bool:
         self.side.index.clear_unpinned()

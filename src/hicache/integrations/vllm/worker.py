@@ -213,9 +213,8 @@ class WorkerTransfers:
         self._started = False
         self._load_futs = {}
         self._save_futs = {}
-        if self.rank == 0:  # hits are per request, not per rank
-            self.stats.add("hit_tokens_host", plan.hit_tokens_host)
-            self.stats.add("hit_tokens_storage", plan.hit_tokens_storage)
+        # Hit tokens are counted by the scheduler side (SchedulerSide.build), whose stats vLLM
+        # adds to the workers' (vllm/v1/core/sched/scheduler.py): counted here too they doubled.
 
     def start_step(self, plan: StepPlan | None = None) -> None:
         """Start the bound plan's loads (binding ``plan`` first when given)."""
