@@ -38,20 +38,23 @@ def test_reserve_evicts_the_least_recently_used_unpinned_ready_page() -> None:
     idx = held(HostPages(2), 1, 2)
     idx.lookup(k(1), touch=True)  # 2 is now the oldest
     assert idx.reserve(k(3)) is not None
-    assert idx.lookup(k(2)) is None and not idx.known(k(2))
+    assert idx.lookup(k(2)) is None
+    assert not idx.known(k(2))
     assert idx.lookup(k(1)) is not None
     assert idx.evictions == 1
     # without the touch the oldest page goes
     idx2 = held(HostPages(2), 1, 2)
     idx2.reserve(k(3))
-    assert idx2.lookup(k(1)) is None and idx2.lookup(k(2)) is not None
+    assert idx2.lookup(k(1)) is None
+    assert idx2.lookup(k(2)) is not None
 
 
 def test_a_reused_slot_is_the_evicted_pages_slot() -> None:
     idx = held(HostPages(1), 1)
     slot = idx.lookup(k(1))
     assert idx.reserve(k(2)) == slot
-    assert idx.free_slots == 0 and len(idx) == 1
+    assert idx.free_slots == 0
+    assert len(idx) == 1
 
 
 def test_pins_and_pending_writes_block_eviction() -> None:
@@ -84,7 +87,8 @@ def test_a_dropped_pinned_page_frees_its_slot_once_unpinned() -> None:
     idx.ready(k(1))  # a late success report does not revive it
     assert idx.lookup(k(1)) is None
     idx.unpin(k(1))
-    assert idx.known(k(1)) and idx.free_slots == 0
+    assert idx.known(k(1))
+    assert idx.free_slots == 0
     idx.unpin(k(1))
     assert not idx.known(k(1))
     assert idx.free_slots == 1
@@ -94,7 +98,8 @@ def test_a_dropped_pinned_page_frees_its_slot_once_unpinned() -> None:
 def test_a_dropped_unpinned_page_is_gone_at_once() -> None:
     idx = held(HostPages(2), 1)
     idx.drop(k(1))
-    assert not idx.known(k(1)) and idx.free_slots == 2
+    assert not idx.known(k(1))
+    assert idx.free_slots == 2
     idx.drop(k(9))  # unknown: nothing to do
 
 
@@ -121,7 +126,8 @@ def test_clear_unpinned_forgets_ready_unpinned_pages_and_keeps_pages_in_use() ->
     idx.pin(k(2))
     idx.reserve(k(3))  # pending
     assert idx.clear_unpinned() == 1
-    assert idx.lookup(k(1)) is None and not idx.known(k(1))
+    assert idx.lookup(k(1)) is None
+    assert not idx.known(k(1))
     assert idx.lookup(k(2)) is not None
     assert idx.known(k(3))
     assert idx.free_slots == 2
