@@ -136,7 +136,7 @@ def hybrid_spec(model: Path, tmp: Path) -> dict[str, Any]:
     return {
         "model": str(model),
         "mode": "inproc",
-        "llm": HYBRID_LLM,
+        "llm": {**HYBRID_LLM, "disable_log_stats": False},  # the "metrics" steps read vLLM's
         "prompts": [HPROMPT0, HPROMPT1, HPROMPT2],
         "phases": [
             {
@@ -154,6 +154,7 @@ def hybrid_spec(model: Path, tmp: Path) -> dict[str, Any]:
                     ["gen", [2]],  # a9: HPROMPT2, its decode crosses 640
                     ["reset"],
                     ["followup", 2, 3],  # a11: the next turn hits the decode boundary
+                    ["metrics"],  # a12: host hits a2, a8, a11
                 ],
             },
             # vLLM alone: the same next turn with vLLM's own prefix cache (a hit at 480)
@@ -167,18 +168,22 @@ def hybrid_spec(model: Path, tmp: Path) -> dict[str, Any]:
                     ["followup", 2, 3],  # d1: the next turn of HPROMPT2 from the store
                     ["reset_all"],
                     ["flag", f, "fail_after", 1],
-                    ["gen", [0]],  # d4: a store fault after the first page of the load
+                    ["metrics"],  # d4: before the fault
+                    ["gen", [0]],  # d5: a store fault after the first page of the load
+                    ["metrics"],  # d6: after it
                     ["flag", f, "fail_after", None],
                     ["reset_all"],
                     ["flag", f, "corrupt", "state"],
-                    ["gen", [0]],  # d8: the states loaded are zeroes: the output changes
+                    ["gen", [0]],  # d10: the states loaded are zeroes: the output changes
                     ["reset_all"],
                     ["flag", f, "corrupt", "kv"],
-                    ["gen", [0]],  # d11: the KV loaded is zeroes: the output changes
+                    ["gen", [0]],  # d13: the KV loaded is zeroes: the output changes
                     ["flag", f, "corrupt", None],
                     ["reset_all"],
-                    ["damage", str(store)],
-                    ["gen", [0]],  # d15: damaged objects: checksum -> recompute
+                    ["damage", str(store)],  # d16
+                    ["metrics"],  # d17
+                    ["gen", [0]],  # d18: damaged objects: checksum -> recompute
+                    ["metrics"],  # d19
                 ],
             },
             {

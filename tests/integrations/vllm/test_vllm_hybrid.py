@@ -28,7 +28,7 @@ from tests.integrations.vllm.scenario import (  # noqa: E402
     hybrid_spec,
     hybrid_two_process_spec,
 )
-from tests.integrations.vllm.test_vllm_connector import ROOT, _env, run_spec  # noqa: E402
+from tests.integrations.vllm.test_vllm_connector import ROOT, _counted, _env, run_spec  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -122,13 +122,30 @@ def test_hybrid_storage_hit_after_restart_gives_identical_tokens(hybrid: dict[st
     assert hit["tokens"] == reference
 
 
+# The hit at 480 is 3 KV pages and the state at 480: 4 store objects.
+HIT_OBJECTS = HYBRID_HIT // HBLOCK + 1
+
+
 def test_hybrid_store_fault_mid_load_recomputes_identical_tokens(hybrid: dict[str, Any]) -> None:
-    got = _gen(hybrid, 3, 4)
-    assert got["cached"] == 0
+    got = _gen(hybrid, 3, 5)
+    assert got["cached"] == 0  # all or nothing: vLLM recomputes the whole request
     assert got["tokens"] == _gen(hybrid, 0, 0)["tokens"]
+    grew = _counted(hybrid, 3, 4, 6)
+    assert grew["vllm:hicache_hit_tokens_storage"] == HYBRID_HIT  # the hit was planned
+    assert grew["vllm:hicache_read_bytes"] > 0  # the object before the fault was read
+    assert grew["vllm:hicache_read_errors"] == HIT_OBJECTS - 1  # every one after it failed
+    assert "vllm:hicache_load_bytes" not in grew  # and nothing reached vLLM's blocks
 
 
-@pytest.mark.parametrize("step", [8, 11], ids=["states", "kv"])
+def test_hybrid_hits_are_counted_once_by_tier_in_vllms_metrics(hybrid: dict[str, Any]) -> None:
+    host = hybrid["phases"][0][12]  # a2 and a8 hit 480 tokens, a11 640
+    hits = 2 * HYBRID_HIT + HYBRID_FOLLOWUP_HIT
+    assert host["vllm:hicache_hit_tokens_host"] == hits
+    assert host["vllm:hicache_hit_tokens_storage"] == 0
+    assert host["vllm:prompt_tokens_cached_by_source{source=host}"] == hits
+
+
+@pytest.mark.parametrize("step", [10, 13], ids=["states", "kv"])
 def test_hybrid_loaded_states_and_kv_are_both_used(hybrid: dict[str, Any], step: int) -> None:
     got = _gen(hybrid, 3, step)  # the store's pages of one kind zeroed after the checksum
     assert got["cached"] == HYBRID_HIT
@@ -136,10 +153,15 @@ def test_hybrid_loaded_states_and_kv_are_both_used(hybrid: dict[str, Any], step:
 
 
 def test_hybrid_damaged_stored_bytes_are_recomputed_by_checksum(hybrid: dict[str, Any]) -> None:
-    assert hybrid["phases"][3][14] > 0  # objects were damaged on disk
-    got = _gen(hybrid, 3, 15)
+    assert hybrid["phases"][3][16] > 0  # objects were damaged on disk
+    got = _gen(hybrid, 3, 18)
     assert got["cached"] == 0
     assert got["tokens"] == _gen(hybrid, 0, 0)["tokens"]
+    grew = _counted(hybrid, 3, 17, 19)
+    assert grew["vllm:hicache_hit_tokens_storage"] == HYBRID_HIT  # the hit was planned
+    assert grew["vllm:hicache_read_errors"] == HIT_OBJECTS  # every object failed its checksum
+    assert "vllm:hicache_read_bytes" not in grew
+    assert "vllm:hicache_load_bytes" not in grew
 
 
 def test_hybrid_float32_states_hit_at_their_own_block_with_identical_tokens(
