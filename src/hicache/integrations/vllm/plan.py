@@ -99,10 +99,6 @@ class StepPlan:
     async_loads: list[LoadOp] = attrs.field(factory=list)
     saves: list[SaveOp] = attrs.field(factory=list)
     state_saves: list[StateSave] = attrs.field(factory=list)
-    # tokens hit per tier since the last plan (scheduler side): rank 0's worker counts them in
-    # the stats vLLM collects from workers
-    hit_tokens_host: int = 0
-    hit_tokens_storage: int = 0
 
 
 @attrs.frozen

@@ -412,13 +412,9 @@ class SchedulerSide:
         """The step's plan; ``block_ids_of``: a request's attention blocks, ``state_ids_of``:
         its state groups' blocks (hybrid models)."""
         host, storage = self._hit_tokens
-        plan = StepPlan(
-            loads=self._loads,
-            async_loads=self._async,
-            hit_tokens_host=host,
-            hit_tokens_storage=storage,
-        )
+        plan = StepPlan(loads=self._loads, async_loads=self._async)
         self._loads, self._async, self._hit_tokens = [], [], [0, 0]
+        # counted here only: vLLM adds these stats to the workers' (get_kv_connector_stats)
         self.stats.add("hit_tokens_host", host)
         self.stats.add("hit_tokens_storage", storage)
         bs = self.block_size
