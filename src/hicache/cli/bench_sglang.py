@@ -2,8 +2,9 @@
 
 Both move the pages of one SGLang host pool through the calls SGLang's controller makes for
 each (hicache.integrations.sglang_bench); the JSON is ``{"pages", "page_bytes", "hicache":
-{"put_gbps", "get_gbps", "exists_per_s"}, "hicache_file": {...}, "corruption_detected":
-{"hicache", "hicache_file"}}`` plus the layout, rounds and paths. The integration (and so sglang
+{"put_gbps", "get_gbps", "exists_per_s", "pages_put", "pages_got"}, "hicache_file": {...},
+"ratios": {"put", "get"}, "hicache_store_pages_written", "corruption_detected": {"hicache",
+"hicache_file"}}`` plus the layout, rounds and paths (docs/sglang.md). The integration (and so sglang
 and torch) is imported only when the command runs; without sglang the command exits 2 with one
 line.
 """

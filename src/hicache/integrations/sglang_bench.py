@@ -137,6 +137,8 @@ class _Side:
         self.put_s: list[float] = []
         self.get_s: list[float] = []
         self.exists_s: list[float] = []
+        self.pages_put = 0  # measured rounds only, each page byte-checked after its get
+        self.pages_got = 0
 
 
 def _hicache_side(
@@ -220,6 +222,8 @@ def _round(side: _Side, pool: Any, bench: SglangBench, tag: str, expected: list[
         raise BenchError(
             f"bench sglang: {side.name} returned wrong or missing pages ({side.detail()})"
         )
+    side.pages_put += len(keys)
+    side.pages_got += sum(ok)
 
 
 def _detects_corruption(side: _Side, bench: SglangBench) -> bool:
@@ -264,6 +268,7 @@ def run_sglang_bench(bench: SglangBench) -> dict[str, Any]:
                         side.put_s.clear()
                         side.get_s.clear()
                         side.exists_s.clear()
+                        side.pages_put = side.pages_got = 0
             detected = {s.name: _detects_corruption(s, bench) for s in (hi, hf)}
             page_bytes = len(expected[0])
             total = page_bytes * bench.pages
@@ -273,7 +278,14 @@ def run_sglang_bench(bench: SglangBench) -> dict[str, Any]:
                     "put_gbps": float(f"{total / statistics.median(side.put_s) / 1e9:.4g}"),
                     "get_gbps": float(f"{total / statistics.median(side.get_s) / 1e9:.4g}"),
                     "exists_per_s": round(1 / statistics.median(side.exists_s)),
+                    "pages_put": side.pages_put,
+                    "pages_got": side.pages_got,
                 }
+
+            def ratio(op: str) -> float:  # hicache over HiCacheFile, same run's medians
+                mine = statistics.median(getattr(hi, f"{op}_s"))
+                theirs = statistics.median(getattr(hf, f"{op}_s"))
+                return float(f"{theirs / mine:.4g}")
 
             stats = hi_backend.statistics()["pools"]["kv"]
             return {
@@ -281,6 +293,9 @@ def run_sglang_bench(bench: SglangBench) -> dict[str, Any]:
                 "page_bytes": page_bytes,
                 "hicache": figures(hi),
                 "hicache_file": figures(hf),
+                "ratios": {"put": ratio("put"), "get": ratio("get")},
+                # every page hicache's store wrote, warm-up and the damaged page included
+                "hicache_store_pages_written": stats["tier"]["pages_written_ok"],
                 "corruption_detected": detected,
                 "layout": bench.layout,
                 "repeats": bench.repeats,

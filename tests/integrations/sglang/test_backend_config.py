@@ -27,6 +27,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  
 
 from hicache.domain.errors import ConfigError  # noqa: E402
 from hicache.integrations.sglang import HiCacheBackend  # noqa: E402
+from hicache.integrations.sglang_settings import SGLANG_KEYS  # noqa: E402
 from tests.integrations.sglang.conftest import extra, storage_config  # noqa: E402
 from tests.integrations.sglang.pools import (  # noqa: E402
     fill_page,
@@ -100,10 +101,26 @@ def test_a_bad_or_unknown_key_fails_the_start_with_one_error_naming_it(
         )
 
 
-def test_sglangs_own_keys_are_accepted(tmp_path: Path) -> None:
-    config = extra(tmp_path, allocator="shm", prefetch_timeout_max=30, tp_lcm_size=None)
-    backend = StorageBackendFactory.create_backend("dynamic", storage_config(config), None)
-    backend.close()
+def test_sglangs_own_keys_are_accepted_and_change_nothing(make_backend: Any) -> None:
+    """Every key SGLang reads from the same extra config (SGLANG_KEYS) starts the backend and is
+    kept from the store (the directory store refuses unknown keys): pages round-trip exactly as
+    without them."""
+    own = {
+        "allocator": "shm",
+        "tp_lcm_size": 2,
+        "prefetch_threshold": 256,
+        "prefetch_timeout_base": 1,
+        "prefetch_timeout_per_ki_token": 0.25,
+        "prefetch_timeout_max": 30,
+        "hicache_storage_pass_prefix_keys": True,
+    }
+    assert set(own) | set(extra(None)) - {"store"} >= SGLANG_KEYS  # every one of them
+    pool = mha_pool("page_first")
+    backend = make_backend(pool, config=own)
+    written = [fill_page(pool, 0, 1), fill_page(pool, pool.page_size, 2)]
+    assert backend.batch_set_v1(keys(2), tokens(pool, 0, 2)) == [True, True]
+    assert backend.batch_get_v1(keys(2), tokens(pool, 4, 2)) == [True, True]
+    assert [page_bytes(pool, p * pool.page_size) for p in (4, 5)] == written
 
 
 def _roundtrip_hits(
@@ -205,22 +222,30 @@ def test_mamba_state_stays_per_rank_under_a_rank_replicated_model(make_backend: 
     assert page_bytes(kv1, 3 * kv1.page_size) == page_bytes(kv0, 0)
 
 
-def test_sglangs_namespace_seed_starts_another_chain_so_another_request_namespace_misses(
+def test_a_page_written_under_one_namespace_seed_hits_only_under_that_seed(
     make_backend: Any,
 ) -> None:
+    """SGLang seeds a request's key chain with its namespace (extra_key, cache_salt): the
+    backend keeps SGLang's keys as given, so a tenant's pages are found under its own seed and
+    never under another's or none (a backend keyed by the tokens alone would serve them to
+    every tenant)."""
     from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
 
-    pool = mha_pool("page_first")
-    backend = make_backend(pool)
-    token_ids = list(range(pool.page_size * 2))
-    plain = get_hash_str(token_ids, None, page_size=pool.page_size)
-    seeded = get_hash_str(
-        token_ids, storage_namespace_seed("tenant-a", None), page_size=pool.page_size
-    )
-    assert len(plain) == 2
-    assert set(plain).isdisjoint(seeded)
-    fill_page(pool, 0, 1)
-    fill_page(pool, pool.page_size, 2)
-    assert backend.batch_set_v1(plain, tokens(pool, 0, 2)) == [True, True]
-    assert backend.batch_exists(plain) == 2
-    assert backend.batch_exists(seeded) == 0
+    wpool, rpool = mha_pool("page_first"), mha_pool("page_first")
+    ps = wpool.page_size
+    token_ids = list(range(ps * 2))
+
+    def chain(tenant: str | None) -> list[str]:
+        seed = storage_namespace_seed(tenant, None) if tenant is not None else None
+        return list(get_hash_str(token_ids, seed, page_size=ps))
+
+    writer = make_backend(wpool)
+    written = [fill_page(wpool, 0, 1), fill_page(wpool, ps, 2)]
+    assert writer.batch_set_v1(chain("tenant-a"), tokens(wpool, 0, 2)) == [True, True]
+    reader = make_backend(rpool)  # another process over the same store
+    assert reader.batch_exists(chain("tenant-b")) == 0
+    assert reader.batch_get_v1(chain("tenant-b"), tokens(rpool, 0, 2)) == [False, False]
+    assert reader.batch_exists(chain(None)) == 0
+    assert reader.batch_exists(chain("tenant-a")) == 2
+    assert reader.batch_get_v1(chain("tenant-a"), tokens(rpool, 4, 2)) == [True, True]
+    assert [page_bytes(rpool, p * ps) for p in (4, 5)] == written

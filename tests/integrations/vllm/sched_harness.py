@@ -31,7 +31,9 @@ until the store is idle.
 
 Primitives: KVModel (expected bytes), StoreControl / HarnessStore (the steerable store),
 Harness (scheduler + worker + caches; add, step, run, abort, reset_prefix_cache, settle),
-StepResult (what one step returned), KVMismatch.
+Harnesses (builds harnesses for one test and closes them), StepResult (what one step
+returned), KVMismatch; helpers prompts, reference, warm_store_only, hit_tokens,
+connector_stat, probe_host_tier. docs/vllm.md ("Testing") says how to add a test.
 """
 
 from __future__ import annotations
@@ -649,3 +651,42 @@ def probe_host_tier(h: Harness, pages: int, *, seed: int = 99) -> tuple[int, int
     h.add(prompt, max_tokens=1)
     results = h.settle()
     return hit_tokens(results), h.control.gets - gets
+
+
+class Harnesses:
+    """Builds Harness objects under one folder (a test's tmp_path) and closes them all."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: list[Harness] = []
+
+    def __call__(self, **kwargs: Any) -> Harness:
+        h = Harness(self.root / f"h{len(self.made)}", **kwargs)
+        self.made.append(h)
+        return h
+
+    def close(self) -> None:
+        for h in self.made:
+            h.close()
+
+
+def reference(make: Harnesses, prompt_list: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """What each prompt generates in a fresh engine with no connector hit."""
+    h = make()
+    ids = [h.add(p, max_tokens) for p in prompt_list]
+    h.run()
+    return [h.tokens[i] for i in ids]
+
+
+def warm_store_only(h: Harness, prompt: list[int]) -> None:
+    """Save ``prompt`` (host and store), then forget it in vLLM and on host: the next ask is
+    a storage hit (an asynchronous load)."""
+    h.add(prompt, max_tokens=1)
+    h.settle()
+    if h.control.pages_written < (len(prompt) - 1) // BLOCK:
+        raise AssertionError(
+            f"the store holds {h.control.pages_written} pages; the prompt has "
+            f"{(len(prompt) - 1) // BLOCK} (is the host tier smaller than the prompt?)"
+        )
+    if not h.reset_prefix_cache(connector=True):
+        raise AssertionError("vLLM refused reset_prefix_cache after settling")

@@ -6,9 +6,8 @@ the bytes of its tokens (KVMismatch otherwise)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,16 +20,17 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from tests.integrations.vllm.sched_harness import (  # noqa: E402
     BLOCK,
     Harness,
+    Harnesses,
     KVMismatch,
     connector_stat,
     hit_tokens,
     probe_host_tier,
     prompts,
+    reference,
+    warm_store_only,
 )
 
 pytestmark = pytest.mark.vllm
-
-MakeHarness = Callable[..., Harness]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,41 +41,17 @@ def _vllm_platform(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture
-def make(tmp_path: Path) -> Iterator[MakeHarness]:
-    made: list[Harness] = []
-
-    def build(**kwargs: Any) -> Harness:
-        h = Harness(tmp_path / f"h{len(made)}", **kwargs)
-        made.append(h)
-        return h
-
-    yield build
-    for h in made:
-        h.close()
-
-
-def reference(make: MakeHarness, prompt_list: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """What each prompt generates in a fresh engine with no connector hit."""
-    h = make()
-    ids = [h.add(p, max_tokens) for p in prompt_list]
-    h.run()
-    return [h.tokens[i] for i in ids]
-
-
-def warm_store_only(h: Harness, prompt: list[int]) -> None:
-    """Save ``prompt`` (host and store), then forget it in vLLM and on host: the next ask is
-    a storage hit (an asynchronous load)."""
-    h.add(prompt, max_tokens=1)
-    h.settle()
-    assert h.control.pages_written >= (len(prompt) - 1) // BLOCK
-    assert h.reset_prefix_cache(connector=True)
+def make(tmp_path: Path) -> Iterator[Harnesses]:
+    harnesses = Harnesses(tmp_path)
+    yield harnesses
+    harnesses.close()
 
 
 # ---- hits ---------------------------------------------------------------------------------
 
 
 def test_a_prompt_saved_is_loaded_from_host_with_its_exact_bytes_after_a_prefix_cache_reset(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make()
     prompt = prompts(1, 100)[0]
@@ -91,7 +67,7 @@ def test_a_prompt_saved_is_loaded_from_host_with_its_exact_bytes_after_a_prefix_
 
 
 def test_the_bytes_check_catches_a_computed_position_holding_wrong_bytes(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     """The harness's own invariant, shown to fail: a block of vLLM's prefix cache damaged
     behind vLLM's back is caught when the next request that hits it is computed."""
@@ -109,7 +85,7 @@ def test_the_bytes_check_catches_a_computed_position_holding_wrong_bytes(
 
 
 def test_chunked_prefill_saves_every_block_and_a_later_prompt_hits_them(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make(max_num_batched_tokens=64)
     prompt = prompts(1, 300)[0]
@@ -128,7 +104,7 @@ def test_chunked_prefill_saves_every_block_and_a_later_prompt_hits_them(
 
 
 def test_a_storage_hit_loads_asynchronously_and_restores_the_same_output(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make(store="directory", host_pages=16)
     prompt = prompts(1, 80)[0]
@@ -152,7 +128,7 @@ def test_a_storage_hit_loads_asynchronously_and_restores_the_same_output(
 
 
 def test_preemption_while_an_asynchronous_load_is_pending_leaks_nothing(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make(store="directory", host_pages=8, num_blocks=16)
     stored = prompts(1, 80, seed=1)[0]
@@ -180,7 +156,7 @@ def test_preemption_while_an_asynchronous_load_is_pending_leaks_nothing(
 
 
 def test_a_request_aborted_during_its_asynchronous_load_frees_everything(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make(store="directory", host_pages=8)
     prompt = prompts(1, 80, seed=3)[0]
@@ -206,7 +182,7 @@ def test_a_request_aborted_during_its_asynchronous_load_frees_everything(
 
 
 def test_a_store_that_fails_reads_makes_vllm_recompute_and_finish_the_request(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make(store="directory", host_pages=8)
     prompt = prompts(1, 80, seed=6)[0]
@@ -231,7 +207,7 @@ def test_a_store_that_fails_reads_makes_vllm_recompute_and_finish_the_request(
 
 
 def test_a_read_failing_midway_loads_the_pages_before_it_and_vllm_recomputes_the_rest(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make(store="directory", host_pages=16)
     prompt = prompts(1, 100, seed=10)[0]
@@ -245,7 +221,7 @@ def test_a_read_failing_midway_loads_the_pages_before_it_and_vllm_recomputes_the
     assert probe_host_tier(h, 16) == (16 * BLOCK, 0)
 
 
-def test_the_next_turn_of_a_chat_hits_the_blocks_its_decode_filled(make: MakeHarness) -> None:
+def test_the_next_turn_of_a_chat_hits_the_blocks_its_decode_filled(make: Harnesses) -> None:
     h = make()
     prompt = prompts(1, 60, seed=12)[0]
     first = h.add(prompt, max_tokens=40)
@@ -260,7 +236,7 @@ def test_the_next_turn_of_a_chat_hits_the_blocks_its_decode_filled(make: MakeHar
     assert h.tokens[again] == reference(make, [turn], 2)[0]
 
 
-def test_a_store_whose_exists_fails_is_a_miss_not_an_error(make: MakeHarness) -> None:
+def test_a_store_whose_exists_fails_is_a_miss_not_an_error(make: Harnesses) -> None:
     h = make(store="directory", host_pages=8)
     prompt = prompts(1, 80, seed=7)[0]
     warm_store_only(h, prompt)
@@ -275,7 +251,7 @@ def test_a_store_whose_exists_fails_is_a_miss_not_an_error(make: MakeHarness) ->
 
 
 def test_reset_prefix_cache_succeeds_with_the_connector_before_and_after_requests(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make(store="directory")
     assert h.reset_prefix_cache()
@@ -290,7 +266,7 @@ def test_reset_prefix_cache_succeeds_with_the_connector_before_and_after_request
 
 
 def test_resetting_the_connector_cache_forgets_host_pages_but_not_the_store(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     host_only = make()
     prompt = prompts(1, 70, seed=9)[0]
@@ -313,7 +289,7 @@ def test_resetting_the_connector_cache_forgets_host_pages_but_not_the_store(
 
 
 def test_32_concurrent_requests_sharing_prefixes_all_finish_and_hit_their_pages(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     groups = [prompts(8, 72, shared=48, seed=20 + g) for g in range(4)]
     batch = [p for g in groups for p in g]
@@ -343,7 +319,7 @@ def test_32_concurrent_requests_sharing_prefixes_all_finish_and_hit_their_pages(
     "aggregates both)",
 )
 def test_the_connectors_hit_counters_equal_the_tokens_vllm_counted_as_loaded(
-    make: MakeHarness,
+    make: Harnesses,
 ) -> None:
     h = make()
     batch = prompts(8, 72, shared=48, seed=30)
