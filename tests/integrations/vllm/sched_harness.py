@@ -278,6 +278,7 @@ class StepResult:
     outputs: tuple[EngineCoreOutput, ...]
     stats: Mapping[str, Any] | None  # SchedulerStats.kv_connector_stats of the step
     hits: int  # vLLM's connector_prefix_cache_stats.hits of the step
+    local_hits: int  # vLLM's own prefix_cache_stats.hits of the step
 
     @property
     def finished(self) -> set[str]:
@@ -441,7 +442,7 @@ class Harness:
         engine = self.scheduler.update_from_output(out, merged)
         outputs: list[EngineCoreOutput] = []
         stats: Mapping[str, Any] | None = None
-        hits = 0
+        hits = local = 0
         for eco in engine.values():
             outputs.extend(eco.outputs)
             s = eco.scheduler_stats
@@ -449,11 +450,12 @@ class Harness:
                 stats = s.kv_connector_stats or stats
                 if s.connector_prefix_cache_stats is not None:
                     hits += s.connector_prefix_cache_stats.hits
+                local += s.prefix_cache_stats.hits
         for o in outputs:
             self.tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.finish_reason is not None:
                 self.finish_reasons[o.request_id] = str(o.finish_reason)
-        return StepResult(out, merged.kv_connector_output, tuple(outputs), stats, hits)
+        return StepResult(out, merged.kv_connector_output, tuple(outputs), stats, hits, local)
 
     def run(self, max_steps: int = 200) -> list[StepResult]:
         """Step until vLLM has no unfinished request; AssertionError naming the stuck requests
