@@ -399,7 +399,14 @@ class Harness:
 
     # ---- requests -------------------------------------------------------------------------
 
-    def add(self, prompt: Sequence[int], max_tokens: int = 4, req_id: str | None = None) -> str:
+    def add(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int = 4,
+        req_id: str | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> str:
         """Queue a request of ``prompt`` token ids that generates ``max_tokens`` tokens."""
         rid = req_id or f"r{next(self._ids)}"
         request = Request(
@@ -407,6 +414,7 @@ class Harness:
             prompt_token_ids=list(prompt),
             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
             pooling_params=None,
+            cache_salt=cache_salt,
             block_hasher=self._hasher,
         )
         self.model.forget(rid)

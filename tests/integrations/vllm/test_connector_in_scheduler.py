@@ -84,6 +84,21 @@ def test_the_bytes_check_catches_a_computed_position_holding_wrong_bytes(
         h.run()
 
 
+def test_a_prompt_saved_under_one_cache_salt_hits_only_under_that_salt(
+    make: Harnesses,
+) -> None:
+    h = make()
+    prompt = prompts(1, 100, seed=14)[0]
+    h.add(prompt, max_tokens=2, cache_salt="tenant-a")
+    h.settle()
+    hits = {}
+    for salt in ("tenant-b", None, "tenant-a"):
+        assert h.reset_prefix_cache()
+        h.add(prompt, max_tokens=2, cache_salt=salt)
+        hits[salt] = hit_tokens(h.settle())
+    assert hits == {"tenant-b": 0, None: 0, "tenant-a": (len(prompt) - 1) // BLOCK * BLOCK}
+
+
 def test_chunked_prefill_saves_every_block_and_a_later_prompt_hits_them(
     make: Harnesses,
 ) -> None:
