@@ -29,11 +29,11 @@ plug-in (HarnessStore) that a test steers through its StoreControl: hold reads (
 pending until ``release``), fail reads (TRANSIENT statuses: vLLM's load-error path), and wait
 until the store is idle.
 
-Primitives: KVModel (expected bytes), StoreControl / HarnessStore (the steerable store),
-Harness (scheduler + worker + caches; add, step, run, abort, reset_prefix_cache, settle),
-Harnesses (builds harnesses for one test and closes them), StepResult (what one step
-returned), KVMismatch; helpers prompts, reference, warm_store_only, hit_tokens,
-connector_stat, probe_host_tier. docs/vllm.md ("Testing") says how to add a test.
+Primitives: KVModel (expected bytes), Harness (scheduler + worker + caches; add, step, run,
+abort, reset_prefix_cache, settle), StepResult (what one step returned), KVMismatch. The
+store: tests/integrations/vllm/sched_store.py; the tests' helpers (prompts, reference,
+probe_host_tier, Harnesses, ...): sched_helpers.py. docs/vllm.md ("Testing") says how to add
+a test.
 """
 
 from __future__ import annotations
@@ -41,10 +41,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import threading
 import time
-import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -75,8 +73,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from hicache.adapters.storage import DirectorySettings, DirectoryStore
-from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
+from tests.integrations.vllm import sched_store
+from tests.integrations.vllm.sched_store import HarnessStore, StoreControl
 
 BLOCK = 16  # tokens per block
 KV_HEADS = 1
@@ -134,108 +132,6 @@ class KVModel:
 
     def forget(self, key: str) -> None:
         self._memo.pop(key, None)
-
-
-# ---- the store ----------------------------------------------------------------------------
-
-
-@attrs.define(eq=False)
-class StoreControl:
-    """What a test steers in HarnessStore, and what the store saw (all of its instances: the
-    scheduler role and the worker role each open one)."""
-
-    reads_open: threading.Event = attrs.field(factory=threading.Event)
-    fail_reads: bool = False
-    fail_reads_after: int | None = None  # pages after the first n of each get fail
-    fail_exists: bool = False
-    gets: int = 0  # get calls (each a batch of pages)
-    pages_read: int = 0
-    pages_written: int = 0
-    _busy: int = 0
-    _lock: threading.Lock = attrs.field(factory=threading.Lock)
-    _idle: threading.Condition = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self.reads_open.set()
-        self._idle = threading.Condition(self._lock)
-
-    def hold_reads(self) -> None:
-        """Reads block until ``release_reads`` (a pending asynchronous load)."""
-        self.reads_open.clear()
-
-    def release_reads(self) -> None:
-        self.reads_open.set()
-
-    def enter(self) -> None:
-        with self._lock:
-            self._busy += 1
-
-    def leave(self) -> None:
-        with self._lock:
-            self._busy -= 1
-            self._idle.notify_all()
-
-    def wait_idle(self, timeout: float = 10.0) -> bool:
-        """True once no get or put runs (False after ``timeout`` seconds)."""
-        with self._lock:
-            return self._idle.wait_for(lambda: self._busy == 0, timeout)
-
-
-_CONTROLS: dict[str, StoreControl] = {}
-HOLD_LIMIT_S = 30.0  # a held read gives up after this (a test that forgot to release)
-
-
-class HarnessStore(DirectoryStore):
-    """hicache's DirectoryStore, steered by the StoreControl its ``harness_id`` names."""
-
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        cfg = dict(config)
-        self.control = _CONTROLS[cfg.pop("harness_id")]
-        super().__init__(DirectorySettings.from_config(cfg))
-
-    def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
-        if self.control.fail_exists:
-            raise OSError("harness: exists fails")
-        return super().exists(keys, deadline=deadline)
-
-    def get(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        c = self.control
-        c.enter()
-        try:
-            c.reads_open.wait(HOLD_LIMIT_S)
-            c.gets += 1
-            statuses = super().get(keys, buffers, deadline=deadline)
-            if c.fail_reads:
-                return [StoreStatus.TRANSIENT] * len(keys)
-            if c.fail_reads_after is not None:
-                n = c.fail_reads_after
-                statuses = [s if i < n else StoreStatus.TRANSIENT for i, s in enumerate(statuses)]
-            c.pages_read += sum(1 for s in statuses if s.ok)
-            return statuses
-        finally:
-            c.leave()
-
-    def put(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        c = self.control
-        c.enter()
-        try:
-            statuses = super().put(keys, buffers, deadline=deadline)
-            c.pages_written += sum(1 for s in statuses if s.ok)
-            return statuses
-        finally:
-            c.leave()
 
 
 # ---- vLLM's configuration for a model without weights ------------------------------------
@@ -309,14 +205,13 @@ class Harness:
         self.names = tuple(f"model.layers.{i}.self_attn.attn" for i in range(layers))
         self.model = KVModel(layers)
         self.control = StoreControl()
-        self._store_id = uuid.uuid4().hex
-        _CONTROLS[self._store_id] = self.control
+        self._store_id = sched_store.register(self.control)
         connector: dict[str, Any] = {"host_gib": host_gib(host_pages, layers)}
         if store == "directory":
             connector |= {
                 "storage_backend": "dynamic",
                 "storage_extra_config": {
-                    "module_path": __name__,
+                    "module_path": sched_store.__name__,
                     "class_name": HarnessStore.__name__,
                     "harness_id": self._store_id,
                     "root": str(root / "store"),
@@ -506,7 +401,7 @@ class Harness:
         connector = self.scheduler.connector
         if connector is not None:
             connector.shutdown()
-        _CONTROLS.pop(self._store_id, None)
+        sched_store.unregister(self._store_id)
 
     # ---- the model runner -----------------------------------------------------------------
 
@@ -620,83 +515,3 @@ class Harness:
             sampled_token_ids=sampled,
             kv_connector_output=kv,
         )
-
-
-def prompts(n: int, length: int, *, shared: int = 0, seed: int = 0) -> list[list[int]]:
-    """``n`` prompts of ``length`` token ids; the first ``shared`` tokens are common to all."""
-    rng = np.random.default_rng(seed)
-    head = [int(t) for t in rng.integers(1, VOCAB, shared)]
-    return [head + [int(t) for t in rng.integers(1, VOCAB, length - shared)] for _ in range(n)]
-
-
-def hit_tokens(results: Iterable[StepResult]) -> int:
-    """The tokens vLLM counted as loaded by the connector over ``results``
-    (connector_prefix_cache_stats.hits)."""
-    return sum(r.hits for r in results)
-
-
-def connector_stat(results: Iterable[StepResult], name: str) -> float:
-    """The sum of one of HiCacheConnector's KVConnectorStats counters over ``results``, as
-    vLLM's scheduler reported them (SchedulerStats.kv_connector_stats)."""
-    total = 0.0
-    for r in results:
-        if r.stats:
-            total += float(r.stats.get(name, 0))
-    return total
-
-
-def probe_host_tier(h: Harness, pages: int, *, seed: int = 99) -> tuple[int, int]:
-    """Leak probe: settle, save ``pages`` fresh pages (a prompt of ``pages`` full blocks and
-    one token), settle, reset vLLM's prefix cache and ask for the same prompt again. Returns
-    (tokens vLLM counted as loaded by the connector, store reads the second ask made). With
-    ``pages`` = the host tier's size, every page is held on host only if no host page stayed
-    pinned by earlier work: a leaked pin shows as fewer tokens hit or a store read."""
-    h.settle()
-    prompt = prompts(1, pages * BLOCK + 1, seed=seed)[0]
-    h.add(prompt, max_tokens=1)
-    h.settle()
-    if not h.reset_prefix_cache():
-        raise AssertionError("vLLM refused reset_prefix_cache after settling")
-    gets = h.control.gets
-    h.add(prompt, max_tokens=1)
-    results = h.settle()
-    return hit_tokens(results), h.control.gets - gets
-
-
-class Harnesses:
-    """Builds Harness objects under one folder (a test's tmp_path) and closes them all."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.made: list[Harness] = []
-
-    def __call__(self, **kwargs: Any) -> Harness:
-        h = Harness(self.root / f"h{len(self.made)}", **kwargs)
-        self.made.append(h)
-        return h
-
-    def close(self) -> None:
-        for h in self.made:
-            h.close()
-
-
-def reference(make: Harnesses, prompt_list: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """What each prompt generates in a fresh engine with no connector hit."""
-    h = make()
-    ids = [h.add(p, max_tokens) for p in prompt_list]
-    h.run()
-    return [h.tokens[i] for i in ids]
-
-
-def warm_store_only(h: Harness, prompt: list[int]) -> None:
-    """Save ``prompt`` (host and store), then forget it in vLLM and on host: the next ask is
-    a storage hit (an asynchronous load)."""
-    h.add(prompt, max_tokens=1)
-    h.settle()
-    if h.control.pages_written < (len(prompt) - 1) // BLOCK:
-        raise AssertionError(
-            f"the store holds {h.control.pages_written} pages; the prompt has "
-            f"{(len(prompt) - 1) // BLOCK} (is the host tier smaller than the prompt?)"
-        )
-    if not h.reset_prefix_cache(connector=True):
-        raise AssertionError("vLLM refused reset_prefix_cache after settling")

@@ -17,11 +17,9 @@ require_vllm()
 
 from vllm.v1.request import RequestStatus  # noqa: E402
 
-from tests.integrations.vllm.sched_harness import (  # noqa: E402
-    BLOCK,
-    Harness,
+from tests.integrations.vllm.sched_harness import BLOCK, Harness, KVMismatch  # noqa: E402
+from tests.integrations.vllm.sched_helpers import (  # noqa: E402
     Harnesses,
-    KVMismatch,
     connector_stat,
     hit_tokens,
     probe_host_tier,
