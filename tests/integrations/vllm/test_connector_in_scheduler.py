@@ -334,13 +334,6 @@ def test_32_concurrent_requests_sharing_prefixes_all_finish_and_hit_their_pages(
     assert probe_host_tier(h, 64) == (64 * BLOCK, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: HiCacheConnector counts each hit twice in vLLM's KVConnectorStats "
-    "(SchedulerSide.build adds hit_tokens_* to the scheduler role's stats and "
-    "WorkerTransfers.bind adds the plan's copy again on rank 0; vLLM's update_from_output "
-    "aggregates both)",
-)
 def test_the_connectors_hit_counters_equal_the_tokens_vllm_counted_as_loaded(
     make: Harnesses,
 ) -> None:
