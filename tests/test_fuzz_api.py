@@ -8,7 +8,10 @@
 - Wrong types at each public entry (paths, pool names, settings objects, pins).
 - hypothesis: JSON text, nested documents with non-finite floats and huge integers, raw bytes as
   .json/.toml/.yaml files, through parse_extra_config, StorageSettings, resolve_host_memory and
-  load_extra_config.
+  load_extra_config; HiCacheConfig from mappings (real and unknown keys, nested and dotted,
+  numbers past every bound, nesting past the recursion limit, non-string keys) and from
+  HICACHE_* variables holding any text; config files with a key given twice; the storage tier's
+  and the directory store's settings with any number.
 The cache face (async and sync), the stores, open_runtime and LayerBinding are fuzzed in
 tests/test_fuzz_cache_api.py.
 """
@@ -26,8 +29,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hicache.bootstrap import load_extra_config, load_model_config, load_model_spec
+from hicache.adapters.storage import DirectorySettings
+from hicache.bootstrap import HiCacheConfig, load_extra_config, load_model_config, load_model_spec
 from hicache.bootstrap.config import bundled_models
+from hicache.bootstrap.config_keys import KEYS
 from hicache.domain import (
     DType,
     HiCacheError,
@@ -43,6 +48,7 @@ from hicache.domain import (
 )
 from hicache.domain.pins import PinTable
 from hicache.domain.slots import GroupAllocator, PageAllocator
+from hicache.engine.storage_settings import StorageTierSettings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -251,6 +257,147 @@ def test_any_bytes_as_an_extra_config_file_load_or_are_config_errors(
     path.write_bytes(data)
     result = _typed_or(lambda: load_extra_config(f"@{path}"))
     assert isinstance(result, (dict, HiCacheError))
+
+
+def _deep(levels: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+# Numbers at and past every bound: float's range, the seconds bound, 64 bits, int->str limits.
+HOSTILE_NUMBERS = st.one_of(
+    st.sampled_from([1e308, -1e308, 10**400, -(10**400), 2**63, 1e6, 1e6 + 1, 1e9 + 1, 0, -0.0]),
+    st.just(5000).map(lambda n: 10**n),  # past int->str's 4300 digits: repr would raise
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**40), max_value=10**40),
+)
+HOSTILE_LEAVES = st.one_of(
+    JSON_LEAVES,
+    HOSTILE_NUMBERS,
+    st.just(3000).map(_deep),  # past the recursion limit: walked, shown and refused without recursing
+    st.builds(dict, st.lists(st.tuples(st.integers(), st.integers()), max_size=3)),  # int keys
+    st.lists(st.tuples(st.text(max_size=6), JSON_LEAVES), max_size=3),  # pairs, not a mapping
+)
+HOSTILE_DOCUMENTS = st.recursive(
+    HOSTILE_LEAVES,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.one_of(st.text(max_size=8), st.integers()), inner, max_size=3),
+    ),
+    max_leaves=12,
+)
+KEY_NAMES = st.one_of(
+    st.sampled_from([k.name for k in KEYS]), st.sampled_from(["plan", "storage", "runtime"])
+)
+
+
+def _as_json(doc: object) -> str:
+    """``doc`` as JSON text; a document json cannot write (too deep, a 5000-digit integer) as
+    the deepest text it stands for."""
+    try:
+        return json.dumps(doc, default=str)
+    except (RecursionError, ValueError):
+        return "[" * 3000 + "]" * 3000
+
+
+def _config_or_error(fn: Callable[[], object]) -> object:
+    result = _typed_or(fn)
+    assert isinstance(result, (HiCacheConfig, HiCacheError)), type(result)
+    if isinstance(result, HiCacheError):
+        assert len(str(result)) < 2000  # values are shown bounded, never repr'd whole
+    return result
+
+
+@FUZZ
+@given(
+    doc=st.dictionaries(
+        st.one_of(KEY_NAMES, st.text(max_size=10), st.integers()), HOSTILE_DOCUMENTS, max_size=4
+    )
+)
+def test_any_mapping_builds_a_config_or_is_a_config_error(doc: dict[Any, Any]) -> None:
+    _config_or_error(lambda: HiCacheConfig.from_mapping(doc))
+
+
+@FUZZ
+@given(key=st.sampled_from([k.name for k in KEYS]), value=HOSTILE_DOCUMENTS)
+def test_any_value_of_any_key_is_accepted_bounded_or_a_config_error(key: str, value: object) -> None:
+    result = _config_or_error(lambda: HiCacheConfig.from_mapping({key: value}))
+    if isinstance(result, HiCacheConfig):
+        got = result.value(key)
+        if isinstance(got, float):
+            assert (math.isfinite(got) and abs(got) <= 1e6) or key == "plan.host_ratio"
+
+
+@FUZZ
+@given(
+    var=st.sampled_from([k.env for k in KEYS]),
+    text=st.one_of(
+        st.text(max_size=40),
+        st.sampled_from(["1e308", "1e400", "inf", "-inf", "nan", "1" + "0" * 400, "-1"]),
+        st.integers(min_value=1, max_value=5000).map(lambda n: "[" * n + "]" * n),
+        st.integers(min_value=1, max_value=5000).map(lambda n: '{"a":' * n + "1" + "}" * n),
+        HOSTILE_DOCUMENTS.map(_as_json),
+    ),
+)
+def test_any_text_in_a_variable_builds_a_config_or_is_a_config_error(var: str, text: str) -> None:
+    _config_or_error(lambda: HiCacheConfig.load(env={var: text}))
+
+
+@FUZZ
+@given(
+    key=st.sampled_from([k.name for k in KEYS]),
+    form=st.sampled_from(["json", "yaml", "json-dotted", "yaml-dotted"]),
+)
+def test_a_key_given_twice_in_a_config_file_is_always_refused(
+    key: str, form: str, tmp_path: Path
+) -> None:
+    *parents, leaf = key.split(".")
+    if form == "json":
+        inner = f'{{"{leaf}": null, "{leaf}": null}}'
+        for part in reversed(parents):
+            inner = f'{{"{part}": {inner}}}'
+        text, suffix = inner, ".json"
+    elif form == "yaml":
+        lines = [f"{'  ' * i}{p}:" for i, p in enumerate(parents)]
+        pad = "  " * len(parents)
+        text, suffix = "\n".join([*lines, f"{pad}{leaf}: null", f"{pad}{leaf}: null"]), ".yaml"
+    else:
+        nested: object = None
+        for part in reversed(key.split(".")):
+            nested = {part: nested}
+        doc = {**nested, key: None}  # type: ignore[dict-item]
+        text = json.dumps(doc)
+        suffix = ".json" if form == "json-dotted" else ".yaml"
+    path = tmp_path / f"dup{suffix}"
+    path.write_text(text)
+    with pytest.raises(HiCacheError, match="given twice"):
+        HiCacheConfig.load(path, env={})
+
+
+SECONDS = st.one_of(HOSTILE_NUMBERS, st.booleans(), st.text(max_size=4), st.none())
+
+
+@FUZZ
+@given(field=st.sampled_from(["timeout_base_s", "timeout_per_ki_token_s", "timeout_max_s",
+                              "call_deadline_s", "breaker_cooldown_s"]), value=SECONDS)
+def test_storage_tier_seconds_are_finite_and_bounded_or_refused(field: str, value: object) -> None:
+    extra = {"timeout_max_s": 1e6} if field != "timeout_max_s" else {}
+    result = _typed_or(lambda: StorageTierSettings(**{field: value}, **extra))
+    if isinstance(result, StorageTierSettings):
+        got = getattr(result, field)
+        assert math.isfinite(got)
+        assert 0 <= got <= 1e6
+
+
+@FUZZ
+@given(field=st.sampled_from(["timeout_s", "stale_tmp_s"]), value=SECONDS)
+def test_directory_store_seconds_are_finite_and_bounded_or_refused(field: str, value: object) -> None:
+    result = _typed_or(lambda: DirectorySettings.from_config({field: value}))
+    if isinstance(result, DirectorySettings):
+        got = getattr(result, field)
+        assert got is None or (math.isfinite(got) and 0 <= got <= 1e6)
 
 
 def test_case_count_is_at_least_300() -> None:

@@ -4,7 +4,9 @@ HiCacheError, and the cache's bookkeeping consistent after every refused call.
 Every argument of every public call of HiCache (match, insert, load, prefetch, evict,
 checkpoint_boundaries, load_pools, device_placements), of SyncCache, of a DirectoryStore (get,
 put, exists, remove) and of open_runtime / LayerBinding is replaced in turn by each value of
-HOSTILE (wrong types, invalid numbers, one-shot iterators, empty and huge values). After each
+HOSTILE (wrong types, invalid numbers (inf, NaN, 1e308, an integer past float's range), one-shot
+iterators, empty and huge values, nesting past the recursion limit, non-string keys); SyncCache's
+release and placements take each as the match. After each
 cache call: the index validates, no pin is held, nothing is in flight, and the device allocator
 holds exactly the pages the index holds plus the ones the test allocated itself.
 """
@@ -62,7 +64,19 @@ HOSTILE: dict[str, Callable[[], object]] = {
     "nested": lambda: {"kv": None},
     "list of lists": lambda: [[1]],
     "Tier.STORAGE": lambda: Tier.STORAGE,
+    "1e308": lambda: 1e308,
+    "-inf": lambda: -math.inf,
+    "10**400": lambda: 10**400,
+    "deep": lambda: _deep(5000),
+    "non-string keys": lambda: {1: 2, "kv": [0]},
 }
+
+
+def _deep(levels: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(levels):
+        value = [value]
+    return value
 
 
 def state_plan() -> HostGroupPlan:
@@ -171,6 +185,36 @@ def test_a_hostile_argument_through_the_sync_face_is_a_result_or_a_typed_error(
             face.release(result)
         face.call(lambda: None)
         assert face.statistics().index.pinned.total == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "value"), [(c, v) for c in ("release", "placements") for v in HOSTILE]
+)
+def test_a_hostile_match_to_sync_release_or_placements_is_a_typed_error(
+    call: str, value: str
+) -> None:
+    rig = Rig(state_plan())
+    with open_sync(rig.engine) as sync, open_sync_cache(sync, HiCache(rig.engine)) as face:
+        match = face.match(TOKENS)
+        with pytest.raises(HiCacheError, match=f"{call}: expected a CacheMatch"):
+            getattr(face, call)(HOSTILE[value]())
+        face.release(match)
+        assert face.statistics().index.pinned.total == 0
+
+
+def test_a_match_of_another_cache_to_sync_release_is_a_typed_error() -> None:
+    rig, other = Rig(state_plan()), Rig(state_plan())
+    with (
+        open_sync(rig.engine) as sync,
+        open_sync_cache(sync, HiCache(rig.engine)) as face,
+        open_sync(other.engine) as sync2,
+        open_sync_cache(sync2, HiCache(other.engine)) as face2,
+    ):
+        foreign = face2.match(TOKENS)
+        for call in ("release", "placements"):
+            with pytest.raises(HiCacheError, match="comes from another cache"):
+                getattr(face, call)(foreign)
+        face2.release(foreign)
 
 
 OPENER_CASES = [("sync", v) for v in HOSTILE] + [("cache", v) for v in HOSTILE]

@@ -3,7 +3,10 @@
 Hand-written cases cover each input class of issue 12 (deep JSON, huge integers, Infinity/NaN,
 absurd sizes, zero and negative counts, wrong types in model files, FIFOs and devices as files,
 over-long paths, broken JSON/TOML/YAML), and every count of the newer commands (bench cache,
-storage, soak, scale, engine, demo: each has a ceiling named in its message, issue 20);
+storage, soak, scale, engine, demo: each has a ceiling named in its message, issue 20); issue 27
+adds keys given twice, non-string keys, empty list items, and `hicache config --show` with
+hostile HICACHE_* variables and config files (deep JSON, seconds past 1e6, 400-digit integers,
+nested + dotted forms of one key, runtime values out of range);
 hypothesis adds random values for the numeric and string flags of `hicache plan`. The cases run in-process through ``hicache.cli.main``; a few run
 through a real subprocess to check the exit status and stderr end to end.
 """
@@ -74,6 +77,7 @@ EXTRA_INLINE = [
     '{"allocator": "shm", "x": NaN}',
     '{"allocator": "shm", "x": 1e400}',
     '{"allocator": "shm", "x": -Infinity}',
+    '{"allocator": "shm", "allocator": "anonymous"}',  # a key given twice
     "[]",
     "1",
     "null",
@@ -147,6 +151,9 @@ def _bad_files(tmp: Path) -> list[str]:
         str(_write(tmp / "nan.yaml", "allocator: shm\nx: .nan\n")),
         str(_write(tmp / "huge.yaml", f"allocator: shm\nx: {HUGE[:4000]}\n")),
         str(_write(tmp / "list.yaml", "- 1\n- 2\n")),
+        str(_write(tmp / "dup.json", '{"allocator": "shm", "allocator": "anonymous"}')),
+        str(_write(tmp / "dup.yaml", "allocator: shm\nallocator: anonymous\n")),
+        str(_write(tmp / "intkeys.yaml", "allocator: shm\n1: 2\n")),
         str(_write(tmp / "bomb.yaml", _yaml_bomb())),
         str(_write(tmp / "broken.toml", "a = [1,\n")),
         str(_write(tmp / "inf.toml", 'allocator = "shm"\nx = inf\n')),
@@ -273,6 +280,12 @@ def _newer_bench_cases() -> list[list[str]]:
         ["bench", "cache", "--request-page-sizes", "99999999"],
         ["bench", "cache", "--request-page-sizes", ",".join(["1"] * 17)],
         ["bench", "cache", "--request-page-sizes", "a,b"],
+        ["bench", "cache", "--request-page-sizes", "1,,16"],  # an empty item: refused, no run
+        ["bench", "cache", "--request-page-sizes", "1,16,"],
+        ["bench", "cache", "--request-page-sizes", ",1"],
+        ["bench", "cache", "--request-page-sizes", " "],
+        ["bench", "copy", "--page-sizes", "1,,16"],
+        ["bench", "copy", "--layouts", "layer_first,,page_first"],
         ["bench", "storage", "--pages", "65536", "--page-size", "65536"],  # past the machine
         ["bench", "storage", "--store", "nope"],
         ["bench", "storage", "--layout", "nope"],
@@ -399,3 +412,74 @@ def test_absurd_bench_sizes_name_the_value_and_the_machine_limit(
     err = capsys.readouterr().err
     assert "needs 52776558133248 B of host memory" in err
     assert "available (limit" in err
+
+
+BIG400 = "1" + "0" * 400
+DEEP_JSON = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+CONFIG_ENV_CASES = {
+    "deep extra config": ("HICACHE_STORAGE_EXTRA_CONFIG", DEEP_JSON),
+    "deep pool layouts": ("HICACHE_PLAN_POOL_LAYOUTS", DEEP_JSON),
+    "deep copy backend": ("HICACHE_COPY_BACKEND", DEEP_JSON),
+    "deadline 1e308": ("HICACHE_STORAGE_TIER_CALL_DEADLINE_S", "1e308"),
+    "deadline 1e400": ("HICACHE_STORAGE_TIER_CALL_DEADLINE_S", "1e400"),
+    "deadline 400 digits": ("HICACHE_STORAGE_TIER_CALL_DEADLINE_S", BIG400),
+    "cooldown inf": ("HICACHE_STORAGE_TIER_BREAKER_COOLDOWN_S", "inf"),
+    "timeout nan": ("HICACHE_STORAGE_TIER_TIMEOUT_MAX_S", "nan"),
+    "host ratio 400 digits": ("HICACHE_PLAN_HOST_RATIO", BIG400),
+    "event sets -1": ("HICACHE_RUNTIME_EVENT_SETS", "-1"),
+    "event sets 400 digits": ("HICACHE_RUNTIME_EVENT_SETS", BIG400),
+    "duplicate extra key": ("HICACHE_STORAGE_EXTRA_CONFIG", '{"root": "/a", "root": "/b"}'),
+    "extra as pairs": ("HICACHE_STORAGE_EXTRA_CONFIG", '[["root", "/a"]]'),
+}
+CONFIG_FILE_CASES = {
+    "dup.json": '{"storage": {"backend": "shm", "backend": "directory"}}',
+    "dup.yaml": "storage:\n  backend: shm\n  backend: directory\n",
+    "dotted.json": '{"storage": {"backend": "shm"}, "storage.backend": "shm"}',
+    "dotted.yaml": "storage:\n  backend: shm\nstorage.backend: shm\n",
+    "dotted.toml": '"storage.backend" = "shm"\n[storage]\nbackend = "shm"\n',
+    "intkey.yaml": "1: 2\nplan:\n  page_size: 16\n",
+    "intextra.yaml": "storage:\n  backend: dynamic\n  extra_config:\n    1: 2\n    allocator: shm\n",
+    "pairs.yaml": "storage:\n  extra_config:\n    - [root, /a]\n",
+    "seconds.json": '{"storage": {"tier": {"call_deadline_s": 1e308}}}',
+    "digits.json": '{"storage": {"tier": {"call_deadline_s": ' + "9" * 29 + "}}}",
+    "events.toml": "[runtime]\nevent_sets = -1\n",
+    "deep.yaml": "plan:\n  pool_layouts: " + "[" * 5000 + "]" * 5000 + "\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_ENV_CASES))
+def test_config_show_with_a_hostile_variable_is_one_line_exit_2(
+    case: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for var in [v for v in os.environ if v.startswith("HICACHE_")]:
+        monkeypatch.delenv(var)
+    var, value = CONFIG_ENV_CASES[case]
+    monkeypatch.setenv(var, value)
+    check_usage_error(["config", "--show"], capsys)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_FILE_CASES))
+def test_config_show_with_a_hostile_file_is_one_line_exit_2(
+    name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for var in [v for v in os.environ if v.startswith("HICACHE_")]:
+        monkeypatch.delenv(var)
+    path = tmp_path / name
+    path.write_text(CONFIG_FILE_CASES[name])
+    check_usage_error(["config", "--show", "--file", str(path)], capsys)
+
+
+def test_an_empty_request_page_size_exits_at_once_end_to_end() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hicache", "bench", "cache", "--request-page-sizes", "1,,16"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert "'1,,16'" in done.stderr

@@ -8,6 +8,7 @@ own and through the HTTP endpoint on an ephemeral loopback port.
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,18 @@ def test_serve_refuses_a_bad_port_and_a_port_already_taken() -> None:
         serve(metrics, 70000)
     with serve(metrics, 0) as first, pytest.raises(ConfigError, match=f"127\\.0\\.0\\.1:{first.port}"):
         serve(metrics, first.port)
+
+
+@pytest.mark.parametrize("holder", ["127.0.0.1", "0.0.0.0"])
+def test_a_port_another_program_listens_on_is_an_error_naming_it_never_another_port(
+    holder: str,
+) -> None:
+    with socket.socket() as other:
+        other.bind((holder, 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(ConfigError, match=f":{port} .*pick another port"):
+            serve(HiCacheMetrics(), port)
 
 
 def test_two_caches_in_one_registry_are_told_apart_by_their_name_and_a_name_is_used_once(

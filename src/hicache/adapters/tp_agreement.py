@@ -33,7 +33,6 @@ others, whose calls then all miss). Keys of a call are deleted ``KEEP_CALLS`` ca
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
 from hicache.domain.errors import ConfigError
+from hicache.domain.limits import bounded_seconds
 
 log = logging.getLogger("hicache.tp")
 
@@ -96,13 +96,7 @@ class TorchRankAgreement:
                 "ProcessGroup: dist.group.WORLD or dist.new_group(ranks)), got None"
             )
         for arg, value in (("deadline_s", deadline_s), ("grace_s", grace_s)):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                raise ConfigError(f"{arg} must be a finite number of seconds > 0, got {value!r}")
+            bounded_seconds(value, arg, positive=True)
         if not isinstance(name, str) or not name or "/" in name:
             raise ConfigError(f"name must be a non-empty string without '/', got {name!r}")
         if not dist.is_available() or not dist.is_initialized():

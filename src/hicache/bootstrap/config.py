@@ -2,8 +2,8 @@
 
 - read_config_text: a regular file of at most MAX_CONFIG_BYTES as UTF-8 text (never a FIFO,
   device or directory; an unreadable or over-long path is a ConfigError).
-- read_mapping_file: the mapping a .json, .toml or .yaml file holds (bounded, parse errors on
-  one line).
+- read_mapping_file: the mapping a .json, .toml or .yaml file holds (bounded, a key given twice
+  refused, parse errors on one line).
 - load_extra_config: a JSON string, a mapping, "@path" or a Path to a .json, .toml or .yaml file.
 - storage_settings: StorageSettings from a backend name and an extra config in any of those forms.
 - bundled_models: the names of the HuggingFace configs shipped with hicache.
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache.domain import ConfigError, ModelSpec, StorageSettings, parse_extra_config
+from hicache.domain.errors import shown
 from hicache.domain.limits import check_tree, parse_json
 
 MAX_CONFIG_BYTES = 16 << 20  # a config file larger than 16 MiB is refused, not read
@@ -95,8 +96,39 @@ def _one_line(e: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def _load_yaml(text: str) -> Any:
+    """YAML text with the safe loader, refusing a key given twice in one mapping (PyYAML keeps
+    the last one). Merge keys (``<<: *base``) may still be overridden by the mapping's own."""
+    import yaml  # only needed for YAML files
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: construct_mapping says so
+                break
+            if duplicate:
+                raise ConfigError(
+                    f"key {shown(key)} is given twice in one mapping (line "
+                    f"{key_node.start_mark.line + 1}; keep one)"
+                )
+            seen.add(key)
+        return loader.construct_mapping(node, deep=True)
+
+    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def read_mapping_file(path: Path, what: str = "extra config file") -> dict[str, Any]:
-    """The mapping a .json, .toml, .yaml or .yml file holds; a ConfigError names ``what``."""
+    """The mapping a .json, .toml, .yaml or .yml file holds; a ConfigError names ``what``. A key
+    given twice in one object or mapping is refused in each format (TOML refuses it itself)."""
     text = read_config_text(path, what)
     suffix = path.suffix.lower()
     if suffix not in (".json", ".toml", ".yaml", ".yml"):
@@ -109,9 +141,7 @@ def read_mapping_file(path: Path, what: str = "extra config file") -> dict[str, 
         elif suffix == ".toml":
             data = tomllib.loads(text)
         else:
-            import yaml  # only needed for YAML files
-
-            data = yaml.safe_load(text)
+            data = _load_yaml(text)
     except ConfigError as e:
         raise ConfigError(f"cannot parse {what} {_shown(path)}: {e}") from None
     except RecursionError:

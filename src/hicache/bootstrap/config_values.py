@@ -13,7 +13,6 @@ and mappings give typed values: an integer key refuses the text "64".
 from __future__ import annotations
 
 import enum
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +22,8 @@ import attrs
 from hicache.adapters.devices import parse_device_name
 from hicache.bootstrap.config_keys import Key, Kind, Source
 from hicache.domain import ConfigError
+from hicache.domain.errors import shown
+from hicache.domain.limits import check_tree, is_finite_number, parse_json
 from hicache.domain.sizing import parse_size
 
 _TRUE = ("1", "true", "yes", "on")
@@ -31,8 +32,7 @@ _NONE = ("", "none", "null")
 
 
 def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return shown(value)
 
 
 class _Bad(Exception):
@@ -57,6 +57,8 @@ def _float(value: object, text: bool) -> float:
         except ValueError:
             raise _Bad("expected a number") from None
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not is_finite_number(value):  # inf, NaN, or an integer past float's range
+            raise _Bad("expected a finite number")
         number = float(value)
     else:
         raise _Bad("expected a number")
@@ -92,11 +94,12 @@ def _mapping(value: object, text: bool) -> Mapping[str, Any]:
         if not value.strip():
             return {}
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise _Bad(f"expected a JSON object ({e.msg} at character {e.pos})") from None
+            value = parse_json(value, "JSON text")  # bounded: depth, numbers, duplicate keys
+        except ConfigError as e:
+            raise _Bad(f"expected a JSON object ({e})") from None
     if not isinstance(value, Mapping):
         raise _Bad("expected a mapping" + (" (a JSON object)" if text else ""))
+    check_tree(value, "the mapping")  # bounded nesting, finite numbers, 64-bit integers
     return value
 
 
@@ -104,11 +107,11 @@ def _pool_map(key: Key, value: object, text: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pool, v in _mapping(value, text).items():
         if not isinstance(pool, str) or not pool:
-            raise _Bad(f"expected pool names as keys, got {pool!r}")
+            raise _Bad(f"expected pool names as keys, got {shown(pool)}")
         try:
             out[pool] = _choice(v, key.choices) if key.values is Kind.CHOICE else _int(v, False)
         except _Bad as e:
-            raise _Bad(f"pool {pool!r}: {e}") from None
+            raise _Bad(f"pool {shown(pool)}: {e}") from None
     return out
 
 

@@ -53,8 +53,10 @@ from hicache.domain import (
     StorageSettings,
     WriteSettings,
 )
+from hicache.domain.errors import shown
 from hicache.domain.host_memory import resolve_host_memory
 from hicache.domain.hybrid import CheckpointPolicy
+from hicache.domain.limits import MAX_EVENT_SETS
 from hicache.engine.storage_settings import StorageTierSettings
 
 if TYPE_CHECKING:
@@ -74,27 +76,54 @@ class Entry:
     env: str
 
 
-def _flatten(data: object, source: Source, prefix: str = "") -> Iterator[tuple[Key, object]]:
+def _flatten(data: object, source: Source) -> list[tuple[Key, object]]:
+    """The (key, value) pairs of a nested and/or dotted mapping. One key given twice (nested
+    and dotted, ``{"storage": {"backend": ...}, "storage.backend": ...}``) is a ConfigError
+    naming it, never last-one-wins."""
+    out: list[tuple[Key, object]] = []
+    seen: set[str] = set()
+    for key, value in _walk(data, source, ""):
+        if key.name in seen:
+            raise ConfigError(
+                f"key {key.name!r} is given twice (from {source}): nested and dotted forms "
+                f"name the same key; keep one"
+            )
+        seen.add(key.name)
+        out.append((key, value))
+    return out
+
+
+def _walk(data: object, source: Source, prefix: str) -> Iterator[tuple[Key, object]]:
     if not isinstance(data, Mapping):
         where = f"section {prefix.rstrip('.')!r}" if prefix else "the configuration"
-        raise ConfigError(f"{where} (from {source}) must be a mapping, got {type(data).__name__}")
+        raise ConfigError(
+            f"{where} (from {source}) must be a mapping, got {type(data).__name__} {shown(data)}"
+        )
     for raw, value in data.items():
         if not isinstance(raw, str) or not raw:
-            raise ConfigError(f"key {raw!r} (from {source}): keys must be non-empty text")
+            raise ConfigError(
+                f"key {shown(raw)} ({type(raw).__name__}, from {source}): keys must be "
+                f"non-empty text"
+            )
         name = prefix + raw
         key = BY_NAME.get(name)
         if key is not None:
             yield key, value
         elif name in _PREFIXES:
-            yield from _flatten(value, source, name + ".")
+            yield from _walk(value, source, name + ".")
         else:
             raise ConfigError(
-                f"unknown key {name!r} (from {source}): not a hicache configuration key"
+                f"unknown key {shown(name)} (from {source}): not a hicache configuration key"
                 f"{suggest(name, BY_NAME)}; `hicache config --show` lists them"
             )
 
 
 def _from_env(env: Mapping[str, str]) -> Iterator[tuple[Key, object, Source]]:
+    odd = next((var for var in env if not isinstance(var, str)), None)
+    if odd is not None:
+        raise ConfigError(
+            f"environment variable name {shown(odd)} ({type(odd).__name__}): expected text"
+        )
     for var in sorted(env):
         if not var.startswith(ENV_PREFIX) or var in OTHER_ENV_VARS:
             continue
@@ -122,6 +151,7 @@ class HiCacheConfig:
     def _setup(self, values: dict[str, Any], sources: dict[str, Source], file: Path | None) -> None:
         self._values, self._sources, self.file = values, sources, file
         self._check_sizing()
+        self._check_runtime()
         # Everything is built once, so a bad combination fails here and names its keys.
         self._storage = self._build(("storage.backend", "storage.extra_config"), self._storage_of)
         self._plan = self._build(("plan.",), self._plan_of)
@@ -166,9 +196,9 @@ class HiCacheConfig:
     def with_values(self, data: Mapping[str, Any], source: str = "mapping") -> HiCacheConfig:
         """A new config: this one with ``data`` (nested or dotted keys) on top."""
         if not isinstance(source, str) or not source:
-            raise ConfigError(f"source must be a non-empty label, got {source!r}")
+            raise ConfigError(f"source must be a non-empty label, got {shown(source)}")
         label = Source("mapping", source)
-        return self._layered([(k, v, label) for k, v in _flatten(data, label)])
+        return self._layered([(k, v, label) for k, v in _flatten(data, label)])  # checks keys
 
     def _with_file(self, path: Path) -> HiCacheConfig:
         from hicache.bootstrap.config import read_mapping_file
@@ -191,7 +221,16 @@ class HiCacheConfig:
     # -- checks ---------------------------------------------------------------------------------
 
     def _origin(self, name: str) -> str:
-        return f"{name} = {self._values[name]!r} from {self._sources[name]}"
+        return f"{name} = {shown(self._values[name])} from {self._sources[name]}"
+
+    def _check_runtime(self) -> None:
+        """runtime.* values open_runtime would refuse, refused now (when the config is built)."""
+        sets = self._values["runtime.event_sets"]
+        if not 1 <= sets <= MAX_EVENT_SETS:
+            raise ConfigError(
+                f"{self._origin('runtime.event_sets')}: expected an integer in "
+                f"[1, {MAX_EVENT_SETS}]"
+            )
 
     def _check_sizing(self) -> None:
         size, ratio = "plan.host_size", "plan.host_ratio"
@@ -302,12 +341,12 @@ class HiCacheConfig:
 
     def value(self, key: str) -> Any:
         if key not in BY_NAME:
-            raise ConfigError(f"unknown key {key!r}{suggest(key, BY_NAME)}")
+            raise ConfigError(f"unknown key {shown(key)}{suggest(str(key), BY_NAME)}")
         return self._values[key]
 
     def source(self, key: str) -> Source:
         if key not in BY_NAME:
-            raise ConfigError(f"unknown key {key!r}{suggest(key, BY_NAME)}")
+            raise ConfigError(f"unknown key {shown(key)}{suggest(str(key), BY_NAME)}")
         return self._sources[key]
 
     def entries(self) -> list[Entry]:
@@ -339,7 +378,7 @@ class HiCacheConfig:
         }
 
     def __repr__(self) -> str:
-        changed = [f"{k}={v!r}" for k, v in self._values.items() if self._sources[k] != DEFAULT]
+        changed = [f"{k}={shown(v)}" for k, v in self._values.items() if self._sources[k] != DEFAULT]
         return f"HiCacheConfig({', '.join(changed)})"
 
 
@@ -361,12 +400,14 @@ def resolve_runtime_options(config: object, given: Mapping[str, Any], call: str)
     the config's values. An argument passed with a value other than its default as well is a
     ConfigError naming it and the config key that covers it (never a silent choice)."""
     if not isinstance(config, HiCacheConfig):
-        raise ConfigError(f"{call}: config must be a HiCacheConfig, got {type(config).__name__}")
+        raise ConfigError(
+            f"{call}: config must be a HiCacheConfig, got {type(config).__name__}"
+        )
     for arg, value in given.items():
         if value != _RUNTIME_DEFAULTS[arg]:
             key = _RUNTIME_KEYS[arg]
             raise ConfigError(
-                f"{call}: {arg}={value!r} given together with config= ({config._origin(key)}): "
+                f"{call}: {arg}={shown(value)} given together with config= ({config._origin(key)}): "
                 f"set {key} in the configuration, or leave config= out"
             )
     return config.runtime_options()

@@ -22,11 +22,15 @@ from hicache.adapters.device_pool import DeviceGroup, parse_torch_device
 from hicache.adapters.host_pool import HostGroup, materialise_host_group
 from hicache.adapters.streams import open_streams
 from hicache.domain import ConfigError, HostGroupPlan, PoolName
+from hicache.domain.errors import shown
+from hicache.domain.limits import MAX_EVENT_SETS
 from hicache.domain.pins import PinTable
 from hicache.domain.ports import Streams, Transfer
 from hicache.domain.slots import GroupAllocator
+from hicache.domain.validators import is_int
 from hicache.engine import TransferEngine
 from hicache.engine._scopes import innermost
+from hicache.engine.engine import DEVICE_OWNERSHIP
 
 if TYPE_CHECKING:
     from hicache.bootstrap.hicache_config import HiCacheConfig
@@ -127,6 +131,21 @@ def _device_slots(plan: HostGroupPlan, device: DeviceGroup) -> GroupAllocator:
     return GroupAllocator(plan, pages=pages)
 
 
+def _check_options(huge_pages: object, event_sets: object, device_ownership: object) -> None:
+    """The runtime options, checked before anything is mapped (the bounds of runtime.*)."""
+    if not isinstance(huge_pages, bool):
+        raise ConfigError(f"huge_pages must be True or False, got {shown(huge_pages)}")
+    if not is_int(event_sets) or not 1 <= event_sets <= MAX_EVENT_SETS:  # type: ignore[operator]
+        raise ConfigError(
+            f"event_sets must be an integer in [1, {MAX_EVENT_SETS}], got {shown(event_sets)}"
+        )
+    if not isinstance(device_ownership, str) or device_ownership not in DEVICE_OWNERSHIP:
+        raise ConfigError(
+            f"device_ownership must be one of {', '.join(DEVICE_OWNERSHIP)}, got "
+            f"{shown(device_ownership)}"
+        )
+
+
 def open_runtime(
     plan: HostGroupPlan,
     *,
@@ -175,7 +194,8 @@ def open_runtime(
     if not isinstance(plan, HostGroupPlan):
         raise ConfigError(f"open_runtime needs a HostGroupPlan, got {type(plan).__name__}")
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"the engine's name must be a non-empty string, got {name!r}")
+        raise ConfigError(f"the engine's name must be a non-empty string, got {shown(name)}")
+    _check_options(huge_pages, event_sets, device_ownership)
     if device_tensors is not None and device_capacities is not None:
         raise ConfigError(
             "device_capacities applies to allocated device pools; wrapped device_tensors "

@@ -29,7 +29,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hicache.domain import ConfigError, HiCacheError, StorageSettings, StoreError
+from hicache.domain import (
+    ConfigError,
+    HiCacheError,
+    StorageSettings,
+    StoreError,
+    parse_extra_config,
+)
+from hicache.domain.errors import shown
 from hicache.domain.storage import Store
 from hicache.domain.store_plugins import STORE_ENTRY_POINT_GROUP, StorePlugin
 
@@ -157,8 +164,14 @@ def _load_class(plugin: StorePlugin) -> Callable[..., object]:
 
 
 def open_named_store(name: str, config: Mapping[str, Any] | None = None) -> Store:
-    """The built-in store ``name``, else the entry point ``name``, opened with ``config``."""
-    config = dict(config or {})
+    """The built-in store ``name``, else the entry point ``name``, opened with ``config`` (a
+    mapping with text keys; a list of pairs or another type is a ConfigError)."""
+    if config is not None and not isinstance(config, Mapping):
+        raise ConfigError(
+            f"store {shown(name)}: its config must be a mapping of text keys, got "
+            f"{type(config).__name__} {shown(config)}"
+        )
+    config = parse_extra_config(config)  # text keys, bounded depth and numbers
     factory = store_factories().get(name)
     if factory is not None:
         return _construct(factory, config, repr(name))

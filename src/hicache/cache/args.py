@@ -10,7 +10,8 @@ expected; nothing below the face sees a value of the wrong type or an invalid nu
   allowed.
 - tier(value): Tier.DEVICE or Tier.HOST (eviction).
 - count(value, what): an int in [0, MAX_UNITS], never a bool, float, NaN or text.
-- deadline(value): None or a finite number (absolute seconds on the storage tier's clock).
+- deadline(value): None or a finite number within +-MAX_DEADLINE (1e9: absolute seconds on the
+  storage tier's monotonic clock; a later one could not be waited for).
 - device_ids(engine, placements, checkpoints, tail): every device page id an insert names is an
   int in its pool's range, named once, and (engine-owned device pages) allocated; the messages
   name ``device_pages[pool]`` or ``checkpoints[boundary][pool]``.
@@ -18,20 +19,18 @@ expected; nothing below the face sees a value of the wrong type or an invalid nu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-from hicache.domain.errors import ConfigError, ForeignIndexError, SlotError
-from hicache.domain.limits import MAX_UNITS
+from hicache.domain.errors import ConfigError, ForeignIndexError, SlotError, shown
+from hicache.domain.limits import MAX_DEADLINE, MAX_UNITS, is_finite_number
 from hicache.domain.pools import PoolName
 from hicache.domain.slots import GroupAllocator
 from hicache.domain.tiers import Tier
 
 
 def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return shown(value)
 
 
 def _kind(value: object) -> str:
@@ -96,12 +95,12 @@ def deadline(value: object) -> float | None:
     """None or a finite number of seconds (absolute, the storage tier's monotonic clock)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite_number(value) or abs(cast(float, value)) > MAX_DEADLINE:
         raise ConfigError(
-            "deadline must be None or a finite number (absolute seconds, time.monotonic()), "
-            f"got {_kind(value)}"
+            "deadline must be None or a finite number (absolute seconds, time.monotonic()) "
+            f"within +-{MAX_DEADLINE:g}, got {_kind(value)}"
         )
-    return float(value)
+    return float(cast(float, value))
 
 
 def device_ids(

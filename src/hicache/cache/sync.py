@@ -86,6 +86,8 @@ class SyncCache:
         return self._portal.call(self.cache.match, token_ids)
 
     def release(self, match: CacheMatch) -> None:
+        """Give ``match``'s pins back; anything but a CacheMatch of this cache is a ConfigError."""
+        self.cache._own_match(match, "release")
         self._sync.call(match.release)
 
     def load(
@@ -127,6 +129,8 @@ class SyncCache:
         return self._sync.call(self.cache.checkpoint_boundaries, total_pages, hit)
 
     def placements(self, match: CacheMatch) -> list[dict[PoolName, int]]:
+        """``match.placements()``; anything but a CacheMatch of this cache is a ConfigError."""
+        self.cache._own_match(match, "placements")
         return self._sync.call(match.placements)
 
     def statistics(self) -> CacheStatistics:

@@ -46,6 +46,7 @@ from hicache.cli._options import (
     MAX_INDEX_PAGES,
     MAX_PAGE_SIZE,
     MAX_REPEATS,
+    comma_items,
     count_option,
 )
 from hicache.domain import (
@@ -59,6 +60,7 @@ from hicache.domain import (
     chain_keys,
     key_chain,
 )
+from hicache.domain.errors import shown
 from hicache.domain.keys import chain_hasher, set_chain_hasher
 
 KV = PoolName.KV
@@ -113,16 +115,14 @@ def register(sub: Any) -> None:
 
 
 def _sizes(text: str, tokens: int) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        sizes = []
     top = min(MAX_PAGE_SIZE, tokens)
-    if not sizes or len(sizes) > 16 or any(not 1 <= s <= top for s in sizes):
-        raise ConfigError(
-            f"--request-page-sizes {text!r}: expected 1 to 16 integers in [1, {top}] "
-            "separated by commas"
-        )
+    expected = f"expected 1 to 16 integers in [1, {top}] separated by commas"
+    try:  # an empty item ("1,,16"), too many, or a non-integer: the same one-line refusal
+        sizes = [int(x) for x in comma_items("--request-page-sizes", text, most=16)]
+    except ValueError:  # ConfigError is one
+        sizes = []
+    if not sizes or any(not 1 <= s <= top for s in sizes):
+        raise ConfigError(f"--request-page-sizes {shown(text)}: {expected}")
     return sizes
 
 
@@ -278,19 +278,24 @@ def _use_keys(python: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _use_keys(args.python_keys)
     pages_max = count_option("pages-max", args.pages_max, MAX_INDEX_PAGES)
     tokens = count_option("tokens", args.tokens, MAX_BENCH_TOKENS)
     # A page larger than the request would hash no page at all: meaningless figures.
     page_size = count_option("page-size", args.page_size, min(MAX_PAGE_SIZE, tokens))
+    # Every option is checked before anything is built or timed.
+    sizes = _sizes(args.request_page_sizes, tokens)
+    batch = count_option("batch", args.batch, pages_max)
+    repeats = count_option("repeats", args.repeats, MAX_REPEATS)
+    long_prompt = count_option("long-prompt", args.long_prompt, MAX_BENCH_TOKENS)
+    _use_keys(args.python_keys)
     result = measure(
         pages_max=pages_max,
         tokens=tokens,
         page_size=page_size,
-        request_page_sizes=_sizes(args.request_page_sizes, tokens),
-        batch=count_option("batch", args.batch, pages_max),
-        repeats=count_option("repeats", args.repeats, MAX_REPEATS),
-        long_prompt=count_option("long-prompt", args.long_prompt, MAX_BENCH_TOKENS),
+        request_page_sizes=sizes,
+        batch=batch,
+        repeats=repeats,
+        long_prompt=long_prompt,
     )
     if args.json:
         sys.stdout.write(json.dumps({k: result[k] for k in KEYS}) + "\n")

@@ -14,8 +14,9 @@ import json
 import sys
 from typing import Any
 
-from hicache.cli._options import one_of
+from hicache.cli._options import comma_items, one_of
 from hicache.domain import ConfigError, Layout
+from hicache.domain.errors import shown
 
 DEFAULT_PAGE_SIZES = "1,16,64,256"
 DEFAULT_LAYOUTS = ",".join(layout.value for layout in Layout)
@@ -74,22 +75,15 @@ def register(sub: Any) -> None:
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
+    items = comma_items(flag, text)
     try:
-        values = tuple(int(t) for t in items)
+        return tuple(int(t) for t in items)
     except ValueError:
-        shown = text if len(text) <= 60 else text[:57] + "..."
-        raise ConfigError(f"{flag} expects comma-separated integers, got {shown!r}") from None
-    if not values:
-        raise ConfigError(f"{flag} expects at least one value, got {text!r}")
-    return values
+        raise ConfigError(f"{flag} expects comma-separated integers, got {shown(text)}") from None
 
 
 def _layouts(text: str) -> tuple[Layout, ...]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise ConfigError(f"--layouts expects at least one layout, got {text!r}")
-    return tuple(Layout.parse(t) for t in items)
+    return tuple(Layout.parse(t) for t in comma_items("--layouts", text))
 
 
 def render_table(doc: dict[str, Any]) -> str:

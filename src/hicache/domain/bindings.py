@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from hicache.domain.errors import BindingError
+from hicache.domain.errors import BindingError, shown
 
 
 def _layer(value: object, what: str) -> int:
@@ -28,14 +28,14 @@ def _pairs(value: object) -> tuple[tuple[int, int], ...]:
         items: Iterable[object] = value.items()
     elif isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise BindingError(
-            f"a binding must be a mapping or pairs of transfer -> pool layer, got {value!r}"[:200]
+            f"a binding must be a mapping or pairs of transfer -> pool layer, got {shown(value)}"
         )
     else:
         items = value
     out = []
     for item in items:
         if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise BindingError(f"a binding pair must be (transfer, pool), got {item!r}"[:200])
+            raise BindingError(f"a binding pair must be (transfer, pool), got {shown(item)}")
         out.append((_layer(item[0], "a transfer layer"), _layer(item[1], "a pool layer")))
     return tuple(sorted(out))
 
@@ -49,7 +49,7 @@ class LayerBinding:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.pool_layers, int) or isinstance(self.pool_layers, bool):
-            raise BindingError(f"pool_layers must be an integer, got {self.pool_layers!r}")
+            raise BindingError(f"pool_layers must be an integer, got {shown(self.pool_layers)}")
         if self.pool_layers < 0:
             raise BindingError(f"pool_layers must be >= 0, got {self.pool_layers}")
         transfer = [t for t, _ in self.pairs]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 
 
 class DType(enum.Enum):
@@ -36,7 +36,7 @@ class DType(enum.Enum):
         found = _ALIASES.get(key)
         if found is None:
             raise ConfigError(
-                f"unknown dtype {value!r}: expected one of {', '.join(sorted(_ALIASES))}"
+                f"unknown dtype {shown(value)}: expected one of {', '.join(sorted(_ALIASES))}"
             )
         return found
 

@@ -16,9 +16,31 @@
 - CacheStateError: a prefix-index call its state forbids (unknown page, duplicate transfer,
   unpin below zero, a ticket completed twice).
 - EngineClosedError: an operation on an engine that was closed.
+- shown(value): a value for an error message, bounded: nesting past a few levels, long
+  containers and texts are cut, and an integer of more than 64 bits is described by its digits
+  (so a message never recurses, never prints a 4000-digit number, and never raises).
 """
 
 from __future__ import annotations
+
+import reprlib
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 4
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlong = 40
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``value`` for an error message, at most ``limit`` characters, never raising."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a __repr__ that raises, or one too deep for reprlib's own limits
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class HiCacheError(Exception):

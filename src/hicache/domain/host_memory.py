@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.limits import check_tree, parse_json
 from hicache.domain.store_plugins import names_store_plugin
 
@@ -109,10 +109,17 @@ def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     if isinstance(value, Mapping):
         check_tree(value, "extra config")
+        for key in value:
+            if not isinstance(key, str) or not key:
+                raise ConfigError(
+                    f"extra config key {shown(key)} ({type(key).__name__}): expected the "
+                    f"keys to be non-empty text"
+                )
         return dict(value)
     if not isinstance(value, str):
         raise ConfigError(
-            f"extra config must be a JSON string, a mapping or None, got {type(value).__name__}; "
+            f"extra config must be a JSON string, a mapping or None, got {type(value).__name__} "
+            f"{shown(value)}; "
             f"a file path goes through hicache.bootstrap.load_extra_config"
         )
     text = value.strip()
@@ -120,13 +127,14 @@ def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     if text.startswith("@"):
         raise ConfigError(
-            f"extra config {value!r} names a file; read it with hicache.bootstrap.load_extra_config"
+            f"extra config {shown(value)} names a file; read it with "
+            f"hicache.bootstrap.load_extra_config"
         )
-    shown = value if len(value) <= 80 else value[:77] + "..."
-    parsed = parse_json(text, f"extra config {shown!r}")
+    cut = value if len(value) <= 80 else value[:77] + "..."
+    parsed = parse_json(text, f"extra config {cut!r}")
     if not isinstance(parsed, dict):
         raise ConfigError(
-            f"extra config must be a JSON object, got {type(parsed).__name__}: {shown!r}"
+            f"extra config must be a JSON object, got {type(parsed).__name__}: {cut!r}"
         )
     return parsed
 

@@ -33,7 +33,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.validators import is_int
 
 PageKey = bytes
@@ -64,7 +64,7 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
     except (OverflowError, TypeError):
         bad = next((t for t in token_ids if not is_int(t) or not 0 <= int(t) < 2**32), token_ids)
         raise ConfigError(
-            f"token id {bad!r}: expected an integer in [0, 2**32) (packed as little-endian uint32)"
+            f"token id {shown(bad)}: expected an integer in [0, 2**32) (packed as little-endian uint32)"
         ) from None
     if _SWAP:  # pragma: no cover - big-endian hosts only
         packed.byteswap()
@@ -83,9 +83,9 @@ def _packed_pages(
 ) -> tuple[bytes, int, int]:
     """(packed ids, bytes per page, bytes of the full pages), the arguments checked."""
     if not is_int(page_size) or page_size <= 0:
-        raise ConfigError(f"page_size must be a positive integer, got {page_size!r}")
+        raise ConfigError(f"page_size must be a positive integer, got {shown(page_size)}")
     if prior is not None and (not isinstance(prior, bytes) or len(prior) != KEY_BYTES):
-        raise ConfigError(f"prior key {prior!r}: expected {KEY_BYTES} digest bytes")
+        raise ConfigError(f"prior key {shown(prior)}: expected {KEY_BYTES} digest bytes")
     if isinstance(token_ids, bytes):
         if len(token_ids) % 4:
             raise ConfigError(f"packed token ids: {len(token_ids)} bytes is not a multiple of 4")
@@ -149,7 +149,7 @@ class KeyChain(Sequence[PageKey]):
                 f"{type(blob).__name__} of {len(blob) if isinstance(blob, bytes) else '?'} bytes"
             )
         if prior is not None and (not isinstance(prior, bytes) or len(prior) != KEY_BYTES):
-            raise ConfigError(f"key chain: prior key {prior!r}: expected {KEY_BYTES} bytes")
+            raise ConfigError(f"key chain: prior key {shown(prior)}: expected {KEY_BYTES} bytes")
         self._blob = blob
         self._off = 0
         self._n = len(blob) // KEY_BYTES
@@ -191,7 +191,7 @@ class KeyChain(Sequence[PageKey]):
             prior = self._prior if start == 0 else self[start - 1]
             return KeyChain._view(self._blob, self._off + start * KEY_BYTES, n, prior)
         if not is_int(i):
-            raise ConfigError(f"key chain index {i!r}: expected an integer or a slice")
+            raise ConfigError(f"key chain index {shown(i)}: expected an integer or a slice")
         j = i + self._n if i < 0 else i
         if not 0 <= j < self._n:
             raise IndexError(f"key chain index {i} out of range for {self._n} keys")
@@ -319,5 +319,5 @@ def key_of_hex(text: str) -> PageKey:
     except (ValueError, TypeError):
         key = b""
     if len(key) != KEY_BYTES:
-        raise ConfigError(f"page key {text!r}: expected 64 hex digits (a sha256 digest)")
+        raise ConfigError(f"page key {shown(text)}: expected 64 hex digits (a sha256 digest)")
     return key

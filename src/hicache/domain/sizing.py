@@ -18,8 +18,8 @@ from fractions import Fraction
 
 import attrs
 
-from hicache.domain.errors import ConfigError, SizingError
-from hicache.domain.limits import MAX_BYTES, MAX_UNITS
+from hicache.domain.errors import ConfigError, SizingError, shown
+from hicache.domain.limits import MAX_BYTES, MAX_UNITS, is_finite_number
 
 GiB = 1 << 30
 MAX_RATIO = 1e6  # host capacity at most a million times the device's
@@ -47,12 +47,14 @@ def parse_size(text: str | int) -> int:
     """Parse a byte size such as "64GiB", "500MB" or 1048576 into bytes."""
     if isinstance(text, int) and not isinstance(text, bool):
         if text <= 0:
-            raise ConfigError(f"size must be positive, got {text}")
+            raise ConfigError(f"size must be positive, got {shown(text)}")
         if text > MAX_BYTES:
-            raise ConfigError(f"size {text} is above the largest accepted, {MAX_BYTES} B (1 EiB)")
+            raise ConfigError(
+                f"size {shown(text)} is above the largest accepted, {MAX_BYTES} B (1 EiB)"
+            )
         return text
     if not isinstance(text, str):
-        raise ConfigError(f"size must be a string such as '64GiB' or an int, got {text!r}")
+        raise ConfigError(f"size must be a string such as '64GiB' or an int, got {shown(text)}")
     if len(text) > 40:
         raise ConfigError(f"cannot read size {text[:40]!r}...: longer than 40 characters")
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
@@ -71,15 +73,10 @@ def parse_size(text: str | int) -> int:
 
 
 def _positive_ratio(_inst: object, _attr: object, value: float) -> None:
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"host ratio must be a positive number, got {value!r}")
+    if not is_finite_number(value) or value <= 0:
+        raise ConfigError(f"host ratio must be a positive number, got {shown(value)}")
     if value > MAX_RATIO:
-        raise ConfigError(f"host ratio must be at most {MAX_RATIO}, got {value!r}")
+        raise ConfigError(f"host ratio must be at most {MAX_RATIO}, got {shown(value)}")
 
 
 def _positive_bytes(_inst: object, _attr: object, value: int) -> None:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import attrs
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
+from hicache.domain.limits import MAX_DEADLINE, is_finite_number
 from hicache.domain.pools import PoolName
 
 
@@ -159,8 +160,7 @@ class HostPageBuffers(Protocol):
 
 
 def _kind(value: object) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+    return f"{type(value).__name__} {shown(value, 60)}"
 
 
 def check_keys(keys: object) -> Sequence[StoreKey]:
@@ -178,17 +178,12 @@ def check_deadline(deadline: object) -> float | None:
     """None or a finite number (absolute seconds, time.monotonic()); ConfigError otherwise."""
     if deadline is None:
         return None
-    if (
-        isinstance(deadline, bool)
-        or not isinstance(deadline, (int, float))
-        or deadline != deadline
-        or deadline in (float("inf"), float("-inf"))
-    ):
+    if not is_finite_number(deadline) or abs(cast(float, deadline)) > MAX_DEADLINE:
         raise ConfigError(
-            f"store deadline must be None or a finite number (time.monotonic()), got "
-            f"{_kind(deadline)}"
+            f"store deadline must be None or a finite number (time.monotonic()) within "
+            f"+-{MAX_DEADLINE:g}, got {_kind(deadline)}"
         )
-    return float(deadline)
+    return float(cast(float, deadline))
 
 
 def check_batch(keys: Sequence[StoreKey], buffers: object) -> None:

@@ -4,7 +4,7 @@
 - optional_positive_int: None or such an int.
 - nonneg_int: an int in [0, MAX_UNITS].
 - is_int: an int that is not a bool.
-- nonneg_seconds: a finite int or float >= 0 (bool refused).
+- nonneg_seconds: a finite int or float in [0, MAX_SECONDS] (1e6 s; bool refused).
 
 MAX_UNITS (hicache.domain.limits, 2**40) is far above any real count of layers, heads, tokens or
 slots; a larger value is refused before anything is sized from it.
@@ -12,13 +12,12 @@ slots; a larger value is refused before anything is sized from it.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import attrs
 
-from hicache.domain.errors import ConfigError
-from hicache.domain.limits import MAX_UNITS
+from hicache.domain.errors import ConfigError, shown
+from hicache.domain.limits import MAX_UNITS, bounded_seconds
 
 
 def is_int(value: object) -> bool:
@@ -26,10 +25,7 @@ def is_int(value: object) -> bool:
 
 
 def _short(value: object) -> str:
-    if is_int(value) and value.bit_length() > 64:  # type: ignore[attr-defined]
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"  # type: ignore[attr-defined]
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return shown(value)
 
 
 def positive_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -52,12 +48,4 @@ def nonneg_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> No
 
 
 def nonneg_seconds(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ConfigError(
-            f"{attribute.name} must be a finite number of seconds >= 0, got {value!r}"
-        )
+    bounded_seconds(value, attribute.name)

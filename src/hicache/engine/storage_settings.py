@@ -24,6 +24,7 @@ import attrs
 
 from hicache.domain.breaker import BreakerSnapshot
 from hicache.domain.errors import ConfigError
+from hicache.domain.limits import bounded_seconds
 from hicache.domain.validators import nonneg_seconds, positive_int
 
 
@@ -48,15 +49,14 @@ def _policy(value: str | PrefetchPolicy) -> PrefetchPolicy:
     return PrefetchPolicy.parse(value)
 
 
-def _positive_seconds(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    nonneg_seconds(inst, attribute, value)
-    if value == 0:
-        raise ConfigError(f"{attribute.name} must be > 0 seconds, got {value!r}")
+def _positive_seconds(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    bounded_seconds(value, attribute.name, positive=True)
 
 
 @attrs.frozen(kw_only=True)
 class StorageTierSettings:
-    """How the storage tier calls its store. Every field is checked; a bad one is a ConfigError."""
+    """How the storage tier calls its store. Every field is checked; a bad one is a ConfigError.
+    Every number of seconds is finite and at most MAX_SECONDS (hicache.domain.limits, 1e6 s)."""
 
     prefetch_policy: PrefetchPolicy = attrs.field(default=PrefetchPolicy.TIMEOUT, converter=_policy)
     timeout_base_s: float = attrs.field(default=2.0, validator=nonneg_seconds)

@@ -310,21 +310,35 @@ def _build(
 ) -> Path:
     """Compile ``source`` (once per source, compiler and platform) into ``directory``."""
     target = directory / _library_name(compiler, source, stem, abi)
-    if target.exists():
-        return target
+
+    def unusable(e: OSError, doing: str) -> NativeBuildError:
+        return NativeBuildError(
+            f"cannot {doing} the native build folder {str(directory)!r}: "
+            f"{e.strerror or e}; set HICACHE_NATIVE_DIR (or cache_dir=) to a folder this "
+            f"process can read and write, or {fallback}"
+        )
+
+    try:
+        if target.exists():
+            return target
+    except OSError as e:  # a folder the process cannot search (privileges dropped after start)
+        raise unusable(e, "read") from e
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise NativeBuildError(
-            f"cannot create the native build folder {str(directory)!r}: {e.strerror}; set "
-            f"HICACHE_NATIVE_DIR to a writable folder, or {fallback}"
-        ) from e
-    fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
+        raise unusable(e, "create") from e
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=directory)
+    except OSError as e:
+        raise unusable(e, "write into") from e
     os.close(fd)
     tmp = Path(tmp_name)
     src = tmp.with_suffix(".c")
     try:
-        src.write_text(source, encoding="utf-8")
+        try:
+            src.write_text(source, encoding="utf-8")
+        except OSError as e:
+            raise unusable(e, "write into") from e
         try:
             done = subprocess.run(
                 [compiler, *_FLAGS, "-o", str(tmp), str(src)],
@@ -348,11 +362,14 @@ def _build(
                 f"cannot build {what}: {compiler!r} exited with "
                 f"{done.returncode}: {' | '.join(output)} ({fallback} to run without it)"
             )
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as e:
+            raise unusable(e, "write into") from e
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             src.unlink()
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             tmp.unlink()
     return target
 

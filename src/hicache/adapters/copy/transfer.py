@@ -39,6 +39,7 @@ from hicache.domain import (
     PoolRole,
     TransferError,
 )
+from hicache.domain.errors import shown
 from hicache.domain.ports import PageMap
 
 AUTO = "auto"
@@ -137,7 +138,7 @@ class GroupTransfer:
             chosen = {n: per.get(n, AUTO) for n in names}
         else:
             raise ConfigError(
-                f"backend must be a name or a mapping of pool to name, got {backend!r}"
+                f"backend must be a name or a mapping of pool to name, got {shown(backend)}"
             )
         env = os.environ.get(ENV_BACKEND, "").strip()
         self.host = host

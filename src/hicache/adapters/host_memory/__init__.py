@@ -36,6 +36,7 @@ from hicache.adapters.host_memory.store import (
     unregister_store_provider,
 )
 from hicache.domain import ConfigError, HostMemory, Pinning
+from hicache.domain.errors import shown
 from hicache.domain.host_memory import ANONYMOUS, SHM
 
 
@@ -73,7 +74,7 @@ def open_region(
     check_nbytes(nbytes)
     check_nbytes(row_bytes, "row_bytes (the bytes of one page row, the registration alignment)")
     if not isinstance(huge_pages, bool):
-        raise ConfigError(f"huge_pages must be True or False, got {huge_pages!r}")
+        raise ConfigError(f"huge_pages must be True or False, got {shown(huge_pages)}")
     kind = host_memory.kind
     if huge_pages and kind.name != ANONYMOUS:
         raise ConfigError(

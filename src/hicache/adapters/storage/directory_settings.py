@@ -5,11 +5,11 @@
   a ConfigError).
 
 A bad value is a ConfigError that names the field and what was expected; nothing is rewritten.
+Seconds (timeout_s, stale_tmp_s) are finite and at most MAX_SECONDS (1e6 s).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,8 @@ import attrs
 
 from hicache.adapters.storage.checksum import Checksum
 from hicache.domain import ConfigError
-from hicache.domain.limits import MAX_BYTES
+from hicache.domain.errors import shown
+from hicache.domain.limits import MAX_BYTES, bounded_seconds
 
 _KEYS = (
     "root",
@@ -36,17 +37,8 @@ _OTHERS = frozenset({"allocator", "backend_name", "module_path", "class_name"})
 
 
 def _optional_positive(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(
-            f"directory store {attr.name} must be a positive finite number, got {value!r}"
-        )
+    if value is not None:
+        bounded_seconds(value, f"directory store {attr.name}", positive=True)
 
 
 def _optional_bytes(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -55,32 +47,26 @@ def _optional_bytes(_inst: object, attr: attrs.Attribute[Any], value: object) ->
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_BYTES:
         raise ConfigError(
             f"directory store {attr.name} must be a whole number of bytes in [1, {MAX_BYTES}], "
-            f"got {value!r}"
+            f"got {shown(value)}"
         )
 
 
 def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ConfigError(
-            f"directory store {attr.name} must be a finite number >= 0 seconds, got {value!r}"
-        )
+    bounded_seconds(value, f"directory store {attr.name}")
 
 
 def _bool(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, bool):
-        raise ConfigError(f"directory store {attr.name} must be true or false, got {value!r}")
+        raise ConfigError(
+            f"directory store {attr.name} must be true or false, got {shown(value)}"
+        )
 
 
 def _threads(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
         raise ConfigError(
             f"directory store {attr.name} must be a whole number in [1, {MAX_THREADS}], "
-            f"got {value!r}"
+            f"got {shown(value)}"
         )
 
 
@@ -88,9 +74,9 @@ def _root(value: object) -> Path | None:
     if value is None or isinstance(value, Path):
         return value
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"directory store root must be a non-empty path, got {value!r}")
+        raise ConfigError(f"directory store root must be a non-empty path, got {shown(value)}")
     if "\x00" in value:
-        raise ConfigError(f"directory store root {value!r} holds a NUL byte: not a path")
+        raise ConfigError(f"directory store root {shown(value)} holds a NUL byte: not a path")
     return Path(value)
 
 
@@ -117,10 +103,11 @@ class DirectorySettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> DirectorySettings:
-        unknown = sorted(set(config) - set(_KEYS) - _OTHERS)
+        unknown = sorted(shown(k) for k in config if k not in _KEYS and k not in _OTHERS)
         if unknown:
             raise ConfigError(
-                f"directory store extra config has unknown keys {unknown}: expected some of "
+                f"directory store extra config has unknown keys [{', '.join(unknown)}]: "
+                f"expected some of "
                 f"{', '.join(_KEYS)}"
             )
         return cls(**{k: config[k] for k in _KEYS if k in config})
