@@ -155,3 +155,10 @@ def test_a_row_that_differs_beyond_size_one_axes_is_refused() -> None:
     layers = [torch.zeros((BLOCKS * PAGE, 2, 288), dtype=torch.bfloat16) for _ in range(LAYERS)]
     with pytest.raises(DeviceError, match=r"shape \(96, 2, 288\) does not match the plan"):
         DevicePool.wrap(plan.anchor, {"kv": layers})
+
+
+def test_buffer_names_of_mixed_types_are_a_device_error_naming_them() -> None:
+    plan = _plan(MLAGeometry(kv_lora_rank=512, qk_rope_head_dim=64), Layout.LAYER_FIRST)
+    layers = sglang_mla_buffers()
+    with pytest.raises(DeviceError, match=r"unexpected \[\(2, 3\), 1\]"):
+        DevicePool.wrap(plan.anchor, {"kv": layers, 1: layers, (2, 3): layers})  # type: ignore[dict-item]

@@ -122,7 +122,9 @@ async def test_two_load_calls_of_one_match_started_together_let_exactly_one_thro
         assert cache.index.statistics().pinned.total == 0
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "1", True])
+@pytest.mark.parametrize(
+    "timeout", [float("nan"), float("inf"), -1, "1", True, 1e308, 10**400, 1e6 + 1]
+)
 def test_a_sync_wait_refuses_a_time_out_that_is_not_a_finite_number(timeout: object) -> None:
     rig = Rig(dense_plan())
     with open_sync(rig.engine) as sync:

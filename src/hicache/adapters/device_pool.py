@@ -34,6 +34,7 @@ from hicache.domain import (
     PoolPlan,
     PoolRole,
 )
+from hicache.domain.errors import shown
 from hicache.domain.geometry import BufferSpec
 from hicache.domain.pools import pool_keyed
 
@@ -200,11 +201,11 @@ class DevicePool:
             )
         specs = {b.name: b for b in plan.geometry.buffers}
         missing = sorted(set(specs) - set(buffers))
-        extra = sorted(set(buffers) - set(specs))
+        extra = sorted(shown(b) for b in buffers if b not in specs)  # any key type, shown short
         if missing or extra:
             raise DeviceError(
                 f"pool {pool!r} ({plan.geometry.kind}) has buffers {sorted(specs)}; missing "
-                f"{missing}, unexpected {extra}"
+                f"{missing}, unexpected [{', '.join(extra)}]"
             )
         device: torch.device | None = None
         cap = capacity

@@ -18,7 +18,6 @@ same host pages share one transfer, and cancellation returns slots and pins (see
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from types import TracebackType
@@ -28,7 +27,8 @@ import anyio
 import anyio.abc
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from hicache.domain.errors import ConfigError, EngineClosedError
+from hicache.domain.errors import ConfigError, EngineClosedError, shown
+from hicache.domain.limits import MAX_SECONDS, is_finite_number
 from hicache.domain.pools import HostGroupPlan, PoolName
 from hicache.engine.engine import PageSet, TransferEngine
 from hicache.engine.handles import BackupHandle, LayerwiseBackupHandle, LoadHandle
@@ -74,14 +74,13 @@ class _SyncHandle:
         which cancels the operation (as a cancelled async wait does).
         """
         if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not math.isfinite(timeout)
-            or timeout < 0
+            not is_finite_number(timeout) or not 0 <= timeout <= MAX_SECONDS
         ):
-            # A NaN time-out would expire at once and cancel the operation: refused instead.
+            # A NaN time-out would expire at once and cancel the operation, and one past a thread
+            # wait's range would raise OverflowError once the wait started: refused instead.
             raise ConfigError(
-                f"wait: timeout must be None or a finite number of seconds >= 0, got {timeout!r}"
+                f"wait: timeout must be None or a finite number of seconds in [0, "
+                f"{MAX_SECONDS:g}], got {shown(timeout)}"
             )
         future = self.wait_future()
         try:

@@ -16,7 +16,6 @@ python/sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py: metadata s
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import stat
@@ -26,6 +25,8 @@ from typing import Any
 import attrs
 
 from hicache.domain import ConfigError
+from hicache.domain.errors import shown
+from hicache.domain.limits import is_finite_number
 
 PROTOCOLS = ("tcp", "rdma")
 DEFAULT_METADATA_SERVER = "P2PHANDSHAKE"
@@ -110,7 +111,7 @@ def parse_size(name: str, value: object) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ConfigError(
-            f"{name} {value!r}: expected a byte count (an integer, or a string such as "
+            f"{name} {shown(value)}: expected a byte count (an integer, or a string such as "
             "'4gb' or '512 MiB')"
         )
     if isinstance(value, int):
@@ -120,12 +121,12 @@ def parse_size(name: str, value: object) -> int:
         unit = m.group(2).lower() if m else None
         if m is None or unit not in _UNITS:
             raise ConfigError(
-                f"{name} {value!r}: expected a byte count such as '4gb', '16 MB' or '512MiB' "
+                f"{name} {shown(value)}: expected a byte count such as '4gb', '16 MB' or '512MiB' "
                 "(units b, kb, mb, gb, tb, binary)"
             )
         n = int(m.group(1)) * _UNITS[unit]
     if not 0 <= n <= _MAX_SIZE:
-        raise ConfigError(f"{name} {value!r}: expected 0 to {_MAX_SIZE} bytes")
+        raise ConfigError(f"{name} {shown(value)}: expected 0 to {_MAX_SIZE} bytes")
     return n
 
 
@@ -134,11 +135,11 @@ def _seconds(name: str, value: object) -> float:
         try:
             value = float(value)
         except ValueError:
-            raise ConfigError(f"{name} {value!r}: expected a number of seconds") from None
+            raise ConfigError(f"{name} {shown(value)}: expected a number of seconds") from None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} {value!r}: expected a number of seconds")
-    if not (math.isfinite(value) and 0 < value <= 3600):
-        raise ConfigError(f"{name} {value!r}: expected more than 0 and at most 3600 seconds")
+        raise ConfigError(f"{name} {shown(value)}: expected a number of seconds")
+    if not (is_finite_number(value) and 0 < value <= 3600):
+        raise ConfigError(f"{name} {shown(value)}: expected more than 0 and at most 3600 seconds")
     return float(value)
 
 
