@@ -238,3 +238,25 @@ def test_runtime_event_sets_out_of_range_is_refused_when_the_config_is_built(val
 def test_every_runtime_value_is_checked_when_the_config_is_built(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=key):
         HiCacheConfig.from_mapping({key: value})
+
+
+@pytest.mark.parametrize("value", [math.inf, 1e308, 10**400, -1.0])
+def test_an_injected_slow_store_call_sleeps_a_bounded_time_or_is_refused(value: object) -> None:
+    from hicache.bootstrap.faults import StoreFaultRates
+
+    with pytest.raises(ConfigError, match=r"slow_s must be a (finite )?number of seconds"):
+        StoreFaultRates(slow_s=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["deep", "10**5000", "int"])
+def test_every_name_parser_refuses_a_non_text_value_without_recursing(value: str) -> None:
+    from hicache.adapters.storage.checksum import Checksum
+    from hicache.domain import Layout, PoolName, WritePolicy
+    from hicache.engine.storage_settings import PrefetchPolicy
+
+    bad = {"deep": _deep(5000), "10**5000": 10**5000, "int": 3}[value]
+    for parse in (Layout.parse, PoolName.parse, WritePolicy.parse, PrefetchPolicy.parse,
+                  Checksum.parse):
+        with pytest.raises(ConfigError) as e:
+            parse(bad)
+        assert len(str(e.value)) < 300

@@ -12,6 +12,9 @@
   numbers past every bound, nesting past the recursion limit, non-string keys) and from
   HICACHE_* variables holding any text; config files with a key given twice; the storage tier's
   and the directory store's settings with any number.
+- Every field of every settings class with edge values (1e308, inf, NaN, 10**400, 10**5000,
+  nesting past the recursion limit, non-string and unknown keys, pairs): a result or a
+  HiCacheError with a short message.
 The cache face (async and sync), the stores, open_runtime and LayerBinding are fuzzed in
 tests/test_fuzz_cache_api.py.
 """
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,6 +37,7 @@ from hicache.adapters.storage import DirectorySettings
 from hicache.bootstrap import HiCacheConfig, load_extra_config, load_model_config, load_model_spec
 from hicache.bootstrap.config import bundled_models
 from hicache.bootstrap.config_keys import KEYS
+from hicache.cache.values import CacheSettings
 from hicache.domain import (
     DType,
     HiCacheError,
@@ -46,8 +51,11 @@ from hicache.domain import (
     plan_stack,
     resolve_host_memory,
 )
+from hicache.domain.hybrid import CheckpointPolicy
 from hicache.domain.pins import PinTable
+from hicache.domain.sizing import BudgetSizing, RatioSizing
 from hicache.domain.slots import GroupAllocator, PageAllocator
+from hicache.domain.tiers import WriteSettings
 from hicache.engine.storage_settings import StorageTierSettings
 
 pytestmark = pytest.mark.timeout(60)
@@ -398,6 +406,47 @@ def test_directory_store_seconds_are_finite_and_bounded_or_refused(field: str, v
     if isinstance(result, DirectorySettings):
         got = getattr(result, field)
         assert got is None or (math.isfinite(got) and 0 <= got <= 1e6)
+
+
+SETTINGS_CLASSES = [
+    PlanSettings,
+    CacheSettings,
+    WriteSettings,
+    CheckpointPolicy,
+    RatioSizing,
+    BudgetSizing,
+    StorageTierSettings,
+    StorageSettings,
+    DirectorySettings,
+]
+EDGE_VALUES: dict[str, Callable[[], object]] = {
+    "1e308": lambda: 1e308,
+    "inf": lambda: math.inf,
+    "nan": lambda: math.nan,
+    "10**400": lambda: 10**400,
+    "10**5000": lambda: 10**5000,
+    "deep": lambda: _deep(5000),
+    "non-string keys": lambda: {1: 2, "a": 3},
+    "unknown keys": lambda: {"nope": 1},
+    "pairs": lambda: [("a", 1)],
+}
+SETTINGS_CASES = [
+    (cls.__name__, field.name, value)
+    for cls in SETTINGS_CLASSES
+    for field in attrs.fields(cls)
+    if field.init
+    for value in EDGE_VALUES
+]
+
+
+@pytest.mark.parametrize(("cls", "field", "value"), SETTINGS_CASES)
+def test_edge_values_in_any_settings_field_are_a_typed_error_shown_short(
+    cls: str, field: str, value: str
+) -> None:
+    klass = next(c for c in SETTINGS_CLASSES if c.__name__ == cls)
+    result = _typed_or(lambda: klass(**{field: EDGE_VALUES[value]()}))
+    if isinstance(result, HiCacheError):
+        assert len(str(result)) < 1000
 
 
 def test_case_count_is_at_least_300() -> None:

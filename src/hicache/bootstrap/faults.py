@@ -29,13 +29,15 @@ import attrs
 from hicache.adapters.storage.delegating import DelegatingStore
 from hicache.adapters.storage.directory import SUFFIX, object_name
 from hicache.domain import ConfigError, TransferError
+from hicache.domain.errors import shown
 from hicache.domain.ports import PageMap, Transfer
 from hicache.domain.storage import PageBuffer, Store, StoreKey, StoreStatus
+from hicache.domain.validators import nonneg_seconds
 
 
 def _probability(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ConfigError(f"{name} must be a probability in [0, 1], got {value!r}")
+        raise ConfigError(f"{name} must be a probability in [0, 1], got {shown(value)}")
 
 
 def _rate(_inst: object, attribute: attrs.Attribute[float], value: object) -> None:
@@ -131,7 +133,7 @@ class StoreFaultRates:
     fatal: float = attrs.field(default=0.0, validator=_rate)
     slow: float = attrs.field(default=0.0, validator=_rate)
     corrupt: float = attrs.field(default=0.0, validator=_rate)
-    slow_s: float = 0.03
+    slow_s: float = attrs.field(default=0.03, validator=nonneg_seconds)  # finite, <= 1e6
 
 
 class FaultyStore(DelegatingStore):

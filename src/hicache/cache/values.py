@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.hybrid import CheckpointPolicy
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import IndexStats, PerTier, WriteSettings
@@ -26,20 +27,31 @@ from hicache.domain.validators import positive_int
 from hicache.engine.storage_settings import StorageTierSettings, StorageTierStatistics
 
 
+def _fields(cls: type, value: Mapping[Any, Any], what: str) -> dict[str, Any]:
+    """``value`` as keyword arguments of ``cls``: text keys naming its fields, else ConfigError."""
+    names = attrs.fields_dict(cls)
+    for key in value:
+        if not isinstance(key, str) or key not in names:
+            raise ConfigError(
+                f"{what}: unknown field {shown(key)}: expected some of {', '.join(names)}"
+            )
+    return dict(value)
+
+
 def _writes(value: object) -> WriteSettings:
     if isinstance(value, WriteSettings):
         return value
     if isinstance(value, Mapping):
-        return WriteSettings(**value)
-    raise ConfigError(f"writes must be WriteSettings or a mapping of its fields, got {value!r}")
+        return WriteSettings(**_fields(WriteSettings, value, "writes"))
+    raise ConfigError(f"writes must be WriteSettings or a mapping of its fields, got {shown(value)}")
 
 
 def _checkpoints(value: object) -> CheckpointPolicy:
     if isinstance(value, CheckpointPolicy):
         return value
     if isinstance(value, Mapping):
-        return CheckpointPolicy(**value)
-    raise ConfigError(f"checkpoints must be a CheckpointPolicy or a mapping, got {value!r}")
+        return CheckpointPolicy(**_fields(CheckpointPolicy, value, "checkpoints"))
+    raise ConfigError(f"checkpoints must be a CheckpointPolicy or a mapping, got {shown(value)}")
 
 
 def _tier_settings(_inst: object, _attr: object, value: StorageTierSettings | None) -> None:
@@ -51,7 +63,7 @@ def _tier_settings(_inst: object, _attr: object, value: StorageTierSettings | No
 
 def _window(_inst: object, _attr: object, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-        raise ConfigError(f"sliding_window must be a positive number of tokens or None, got {value!r}")
+        raise ConfigError(f"sliding_window must be a positive number of tokens or None, got {shown(value)}")
 
 
 @attrs.frozen(kw_only=True)

@@ -30,6 +30,8 @@ _REPR.maxlevel = 4
 _REPR.maxstring = 60
 _REPR.maxother = 60
 _REPR.maxlong = 40
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 16
+_REPR.maxdict = 8
 
 
 def shown(value: object, limit: int = 80) -> str:

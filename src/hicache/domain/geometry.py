@@ -19,7 +19,7 @@ from typing import Protocol
 import attrs
 
 from hicache.domain.dtypes import DType
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.validators import optional_positive_int, positive_int
 
 
@@ -30,13 +30,13 @@ class Unit(enum.Enum):
 
 def _int_tuple(value: object) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)):
-        raise ConfigError(f"a shape must be a tuple of ints, got {value!r}")
+        raise ConfigError(f"a shape must be a tuple of ints, got {shown(value)}")
     return tuple(value)
 
 
 def _state_tensors(value: object) -> tuple[StateTensor, ...]:
     if not isinstance(value, (tuple, list)):
-        raise ConfigError(f"state tensors must be a sequence, got {value!r}")
+        raise ConfigError(f"state tensors must be a sequence, got {shown(value)}")
     return tuple(value)
 
 
@@ -45,7 +45,7 @@ def _shape(
 ) -> None:
     if not value or any(not isinstance(d, int) or isinstance(d, bool) or d <= 0 for d in value):
         raise ConfigError(
-            f"{attribute.name} must be a non-empty tuple of positive ints, got {value!r}"
+            f"{attribute.name} must be a non-empty tuple of positive ints, got {shown(value)}"
         )
 
 

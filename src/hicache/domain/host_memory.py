@@ -39,13 +39,13 @@ KNOWN_ALLOCATORS = frozenset({ANONYMOUS, SHM}) | {STORE_PREFIX + s for s in MEMO
 
 def _check_kind(_inst: object, _attr: object, value: str) -> None:
     if not isinstance(value, str):
-        raise ConfigError(f"a host memory kind must be a name, got {value!r}")
+        raise ConfigError(f"a host memory kind must be a name, got {shown(value)}")
     if value in (ANONYMOUS, SHM):
         return
     if value.startswith(STORE_PREFIX) and value[len(STORE_PREFIX) :] in MEMORY_OWNING_STORES:
         return
     raise ConfigError(
-        f"unknown host memory kind {value!r}: expected one of {', '.join(sorted(KNOWN_ALLOCATORS))}"
+        f"unknown host memory kind {shown(value)}: expected one of {', '.join(sorted(KNOWN_ALLOCATORS))}"
     )
 
 
@@ -80,7 +80,7 @@ class Pinning(enum.Enum):
         text = str(value).strip().lower()
         aliases = {"on": cls.ON, "true": cls.ON, "off": cls.OFF, "false": cls.OFF, "auto": cls.AUTO}
         if text not in aliases:
-            raise ConfigError(f"unknown pinning {value!r}: expected on, off or auto")
+            raise ConfigError(f"unknown pinning {shown(value)}: expected on, off or auto")
         return aliases[text]
 
     def as_json(self) -> bool | str:
@@ -131,10 +131,10 @@ def parse_extra_config(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
             f"hicache.bootstrap.load_extra_config"
         )
     cut = value if len(value) <= 80 else value[:77] + "..."
-    parsed = parse_json(text, f"extra config {cut!r}")
+    parsed = parse_json(text, f"extra config {shown(cut)}")
     if not isinstance(parsed, dict):
         raise ConfigError(
-            f"extra config must be a JSON object, got {type(parsed).__name__}: {cut!r}"
+            f"extra config must be a JSON object, got {type(parsed).__name__}: {shown(cut)}"
         )
     return parsed
 
@@ -148,23 +148,23 @@ class StorageSettings:
 
     def __attrs_post_init__(self) -> None:
         if self.backend is not None and not isinstance(self.backend, str):
-            raise ConfigError(f"storage backend must be a name or None, got {self.backend!r}")
+            raise ConfigError(f"storage backend must be a name or None, got {shown(self.backend)}")
         if self.backend is not None and self.backend not in KNOWN_BACKENDS:
             raise ConfigError(
-                f"unknown storage backend {self.backend!r}: expected one of "
+                f"unknown storage backend {shown(self.backend)}: expected one of "
                 f"{', '.join(sorted(KNOWN_BACKENDS))} or none"
             )
 
 
 def _allocator_kind(name: object) -> MemoryKind:
     if not isinstance(name, str):
-        raise ConfigError(f"extra config 'allocator' must be a string, got {name!r}")
+        raise ConfigError(f"extra config 'allocator' must be a string, got {shown(name)}")
     candidate = name.strip().lower()
     if candidate in MEMORY_OWNING_STORES:
         candidate = STORE_PREFIX + candidate
     if candidate not in KNOWN_ALLOCATORS:
         raise ConfigError(
-            f"unknown allocator {name!r} in the storage extra config: expected one of "
+            f"unknown allocator {shown(name)} in the storage extra config: expected one of "
             f"{', '.join(sorted(KNOWN_ALLOCATORS))}"
         )
     return MemoryKind(candidate)

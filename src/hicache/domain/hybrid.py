@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.geometry import Unit
 from hicache.domain.pools import HitPolicy, HostGroupPlan, PoolName, PoolRole
 from hicache.domain.validators import nonneg_int, positive_int
@@ -46,14 +46,14 @@ class PoolRule:
     def __attrs_post_init__(self) -> None:
         if (self.restore is Restore.WINDOW) != (self.window_pages > 0):
             raise ConfigError(
-                f"pool {self.pool.value!r}: window_pages={self.window_pages} is only for (and "
+                f"pool {shown(self.pool.value)}: window_pages={self.window_pages} is only for (and "
                 f"required by) a WINDOW rule, got {self.restore.value}"
             )
 
 
 def _rules(value: object) -> tuple[PoolRule, ...]:
     if not isinstance(value, (tuple, list)):
-        raise ConfigError(f"rules must be a sequence of PoolRule, got {value!r}")
+        raise ConfigError(f"rules must be a sequence of PoolRule, got {shown(value)}")
     return tuple(value)
 
 
@@ -93,7 +93,7 @@ class GroupRules:
         for r in self.rules:
             if r.pool is pool:
                 return r
-        raise ConfigError(f"no rule for pool {pool.value!r}: rules cover {list(self.names)}")
+        raise ConfigError(f"no rule for pool {shown(pool.value)}: rules cover {list(self.names)}")
 
     @classmethod
     def from_plan(cls, plan: HostGroupPlan, *, sliding_window: int | None = None) -> GroupRules:
@@ -108,7 +108,7 @@ class GroupRules:
         if sliding_window is not None and own is not None and sliding_window != own:
             raise ConfigError(
                 f"CacheSettings.sliding_window={sliding_window} conflicts with the plan's "
-                f"sliding window {own} (ModelSpec.sliding_window of {plan.model_type!r}): "
+                f"sliding window {own} (ModelSpec.sliding_window of {shown(plan.model_type)}): "
                 "leave sliding_window=None to use the model's"
             )
         if sliding_window is None:
@@ -128,9 +128,9 @@ class GroupRules:
             else:
                 if sliding_window is None or sliding_window <= 0:
                     raise ConfigError(
-                        f"pool {p.name.value!r} keeps a sliding window and the plan has none "
+                        f"pool {shown(p.name.value)} keeps a sliding window and the plan has none "
                         "(a plan built without a ModelSpec): set CacheSettings(sliding_window="
-                        f"tokens) to a positive integer, got {sliding_window!r}"
+                        f"tokens) to a positive integer, got {shown(sliding_window)}"
                     )
                 pages = math.ceil(sliding_window / anchor.page_size)
                 rules.append(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 
-from hicache.domain.errors import LayoutError
+from hicache.domain.errors import LayoutError, shown
 from hicache.domain.geometry import AnyGeometry, BufferSpec, Unit
 
 
@@ -30,10 +30,12 @@ class Layout(enum.Enum):
         if isinstance(value, Layout):
             return value
         try:
-            return cls(str(value).strip().lower())
+            if not isinstance(value, str):  # str() of a deep or huge value would raise
+                raise ValueError(value)
+            return cls(value.strip().lower())
         except ValueError:
             raise LayoutError(
-                f"unknown layout {value!r}: expected one of {', '.join(m.value for m in cls)}"
+                f"unknown layout {shown(value)}: expected one of {', '.join(m.value for m in cls)}"
             ) from None
 
     @property
@@ -53,21 +55,21 @@ def check_layout(
     """Raise LayoutError, saying which and why, if ``layout`` cannot serve this pool."""
     if geometry.unit is Unit.SLOT and layout not in (Layout.PAGE_FIRST, Layout.PAGE_FIRST_DIRECT):
         raise LayoutError(
-            f"pool {pool!r} holds recurrent state ({geometry.kind}), which needs one contiguous "
-            f"object per slot: layout {layout.value!r} cannot hold it; use page_first or "
+            f"pool {shown(pool)} holds recurrent state ({geometry.kind}), which needs one contiguous "
+            f"object per slot: layout {shown(layout.value)} cannot hold it; use page_first or "
             f"page_first_direct for this pool"
         )
     if layout is Layout.PAGE_HEAD:
         no_heads = [b.name for b in geometry.buffers if not b.head_axis]
         if no_heads:
             raise LayoutError(
-                f"pool {pool!r} ({geometry.kind}) has buffers {no_heads} without a head axis: "
+                f"pool {shown(pool)} ({geometry.kind}) has buffers {no_heads} without a head axis: "
                 f"layout 'page_head' splits heads and cannot hold them; use page_first or "
                 f"page_first_direct"
             )
     if storage_backend in PAGE_OBJECT_BACKENDS and layout is Layout.LAYER_FIRST:
         raise LayoutError(
-            f"pool {pool!r}: storage backend {storage_backend!r} moves whole pages as objects, "
+            f"pool {shown(pool)}: storage backend {shown(storage_backend)} moves whole pages as objects, "
             f"which layout 'layer_first' scatters over all layers; use page_first or "
             f"page_first_direct"
         )
@@ -88,5 +90,5 @@ def host_buffer_shape(
     if layout is Layout.PAGE_FIRST_DIRECT:
         return (pages, layers, page_size, *row)
     if not buffer.head_axis:
-        raise LayoutError(f"buffer {buffer.name!r} has no head axis: 'page_head' cannot hold it")
+        raise LayoutError(f"buffer {shown(buffer.name)} has no head axis: 'page_head' cannot hold it")
     return (pages, row[0], page_size, layers, *row[1:])

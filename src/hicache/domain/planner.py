@@ -19,7 +19,7 @@ import attrs
 
 from hicache.domain.bindings import LayerBinding, stage_local
 from hicache.domain.dtypes import DType
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.geometry import AnyGeometry
 from hicache.domain.host_memory import Pinning, StorageSettings, resolve_host_memory
 from hicache.domain.layouts import Layout, check_layout
@@ -55,7 +55,7 @@ DEFAULT_LAYOUT = Layout.PAGE_FIRST_DIRECT
 
 def _mapping(value: object, field: str) -> Mapping[Any, Any]:
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{field} must be a mapping of pool name to value, got {value!r}")
+        raise ConfigError(f"{field} must be a mapping of pool name to value, got {shown(value)}")
     return value
 
 
@@ -67,28 +67,28 @@ def _overrides(value: object) -> dict[PoolName, int]:
     out: dict[PoolName, int] = {}
     for k, v in _mapping(value, "capacity_overrides").items():
         if not isinstance(v, int) or isinstance(v, bool):
-            raise ConfigError(f"capacity_overrides[{k!r}] must be an integer, got {v!r}")
+            raise ConfigError(f"capacity_overrides[{shown(k)}] must be an integer, got {shown(v)}")
         out[PoolName.parse(k)] = v
     return out
 
 
 def _layout(value: object) -> Layout:
     if not isinstance(value, (str, Layout)):
-        raise ConfigError(f"layout must be a Layout or its name, got {value!r}")
+        raise ConfigError(f"layout must be a Layout or its name, got {shown(value)}")
     return Layout.parse(value)
 
 
 def _pinning(value: object) -> Pinning:
     if value is not None and not isinstance(value, (bool, str, Pinning)):
         raise ConfigError(
-            f"pinned must be a Pinning, a bool, 'on'/'off'/'auto' or None, got {value!r}"
+            f"pinned must be a Pinning, a bool, 'on'/'off'/'auto' or None, got {shown(value)}"
         )
     return Pinning.parse(value)
 
 
 def _as_dtype(field: str, value: object) -> DType:
     if not isinstance(value, (str, DType)):
-        raise ConfigError(f"{field} must be a DType or its name, got {value!r}")
+        raise ConfigError(f"{field} must be a DType or its name, got {shown(value)}")
     return DType.parse(value)
 
 
@@ -102,7 +102,7 @@ def _ssm_dtype(value: object) -> DType:
 
 def _sizing(value: object) -> Sizing:
     if not isinstance(value, (RatioSizing, BudgetSizing)):
-        raise ConfigError(f"sizing must be a RatioSizing or a BudgetSizing, got {value!r}")
+        raise ConfigError(f"sizing must be a RatioSizing or a BudgetSizing, got {shown(value)}")
     return value
 
 
@@ -114,14 +114,14 @@ def _storage(value: object) -> StorageSettings:
     if not isinstance(value, StorageSettings):
         raise ConfigError(
             f"storage must be a StorageSettings (backend, extra_config) or a backend name, got "
-            f"{value!r}"
+            f"{shown(value)}"
         )
     return value
 
 
 def _pp_split(value: object) -> PPSplit:
     if not isinstance(value, (str, PPSplit)):
-        raise ConfigError(f"pp_split must be 'vllm' or 'sglang', got {value!r}")
+        raise ConfigError(f"pp_split must be 'vllm' or 'sglang', got {shown(value)}")
     return PPSplit.parse(value)
 
 
@@ -175,7 +175,7 @@ class PlanSettings:
         if (self.pp_start is None) != (self.pp_end is None):
             raise ConfigError(
                 f"pp_start and pp_end come together (the stage's [start, end)); got "
-                f"pp_start={self.pp_start!r}, pp_end={self.pp_end!r}"
+                f"pp_start={shown(self.pp_start)}, pp_end={shown(self.pp_end)}"
             )
         if self.pp_start is not None and self.pp_end is not None and self.pp_start >= self.pp_end:
             raise ConfigError(
@@ -212,7 +212,7 @@ def archetype_of(spec: ModelSpec) -> Archetype:
     if spec.indexer is not None:
         if has_swa or has_state:
             raise ConfigError(
-                f"model {spec.model_type!r}: an indexer with sliding or state layers is no "
+                f"model {shown(spec.model_type)}: an indexer with sliding or state layers is no "
                 f"supported archetype"
             )
         return Archetype.KV_INDEXER
@@ -264,18 +264,20 @@ def _no_anchor(spec: ModelSpec, s: PlanSettings, start: int, end: int) -> Config
     else:
         how = f"pp_size={s.pp_size} ({s.pp_split.value} split) rank {s.pp_rank}"
     sizes = working_pp_sizes(spec, s.pp_split)
-    shown = ", ".join(str(n) for n in sizes[:12]) + (", ..." if len(sizes) > 12 else "")
+    listed = ", ".join(str(n) for n in sizes[:12]) + (", ..." if len(sizes) > 12 else "")
     held = sorted({c.value for i in range(start, end) for c in spec.layer_caches[i]})
     if not held:
         return ConfigError(
-            f"pipeline stage [{start}, {end}) of {spec.model_type!r} caches nothing ({how}); pp "
+            f"pipeline stage [{start}, {end}) of {shown(spec.model_type)} caches nothing ({how}); "
+            f"pp "
             f"sizes whose every stage has a full-attention layer under the {s.pp_split.value} "
-            f"split: {shown}"
+            f"split: {listed}"
         )
     return ConfigError(
-        f"pipeline stage [{start}, {end}) of {spec.model_type!r} has no full-attention layer to "
+        f"pipeline stage [{start}, {end}) of {shown(spec.model_type)} has no full-attention layer "
+        f"to "
         f"anchor its host group ({how}; its layers hold {held or 'nothing'}); pp sizes whose "
-        f"every stage has one under the {s.pp_split.value} split: {shown}"
+        f"every stage has one under the {s.pp_split.value} split: {listed}"
     )
 
 
@@ -335,7 +337,7 @@ def plan_stack(
         )
 
     if geo.kv is None:  # pragma: no cover - ModelSpec guarantees attention
-        raise ConfigError(f"model {spec.model_type!r} has no attention geometry")
+        raise ConfigError(f"model {shown(spec.model_type)} has no attention geometry")
     drafts = [
         _Draft(
             PoolName.KV,
@@ -439,7 +441,7 @@ def _check_pool_settings(spec: ModelSpec, s: PlanSettings, planned: list[PoolNam
         unknown = [n.value for n in names if n not in in_model]
         if unknown:
             raise ConfigError(
-                f"{what} names pools {unknown}, which model {spec.model_type!r} does not have "
+                f"{what} names pools {unknown}, which model {shown(spec.model_type)} does not have "
                 f"(its pools: {[n.value for n in in_model]}; this plan's: "
                 f"{[n.value for n in planned]})"
             )
@@ -456,7 +458,7 @@ def _size(drafts: list[_Draft], s: PlanSettings) -> dict[PoolName, int]:
     for d in sidecars:
         if d.name in s.capacity_overrides:
             raise ConfigError(
-                f"pool {d.name.value!r} is a sidecar and takes the anchor's capacity; "
+                f"pool {shown(d.name.value)} is a sidecar and takes the anchor's capacity; "
                 f"override 'kv' instead"
             )
     check_overrides(

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from hicache.domain.bindings import LayerBinding
-from hicache.domain.errors import AllocatorMismatchError, ConfigError, GroupError
+from hicache.domain.errors import AllocatorMismatchError, ConfigError, GroupError, shown
 from hicache.domain.geometry import AnyGeometry, Unit
 from hicache.domain.host_memory import HostMemory
 from hicache.domain.layouts import Layout, check_layout, host_buffer_shape
@@ -50,14 +50,14 @@ class PoolName(enum.Enum):
             return value
         if not isinstance(value, str):
             raise ConfigError(
-                f"a pool name must be a string or a PoolName, got {value!r}: expected one of "
+                f"a pool name must be a string or a PoolName, got {shown(value)}: expected one of "
                 f"{', '.join(m.value for m in cls)}"
             )
         try:
             return cls(str(value).strip().lower())
         except ValueError:
             raise ConfigError(
-                f"unknown pool name {value!r}: expected one of {', '.join(m.value for m in cls)}"
+                f"unknown pool name {shown(value)}: expected one of {', '.join(m.value for m in cls)}"
             ) from None
 
 
@@ -73,7 +73,7 @@ def pool_keyed(value: object, what: str) -> dict[PoolName, Any]:
 def page_ids(value: object, what: str) -> list[Any]:
     """The items of an iterable of page ids; the ids themselves are checked by their users."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise ConfigError(f"{what} must be a sequence of page ids, got {value!r}"[:200])
+        raise ConfigError(f"{what} must be a sequence of page ids, got {shown(value)}"[:200])
     return list(value)
 
 
@@ -90,7 +90,7 @@ class HitPolicy(enum.Enum):
 
 def _pool_tuple(value: object) -> tuple[PoolPlan, ...]:
     if not isinstance(value, (tuple, list)):
-        raise GroupError(f"pools must be a sequence of PoolPlan, got {value!r}")
+        raise GroupError(f"pools must be a sequence of PoolPlan, got {shown(value)}")
     return tuple(value)
 
 
@@ -111,12 +111,12 @@ class PoolPlan:
     def __attrs_post_init__(self) -> None:
         if self.geometry.unit is Unit.SLOT and self.page_size != 1:
             raise ConfigError(
-                f"pool {self.name.value!r} holds state slots, whose page size is 1; "
+                f"pool {shown(self.name.value)} holds state slots, whose page size is 1; "
                 f"got page_size={self.page_size}"
             )
         if self.capacity % self.page_size:
             raise ConfigError(
-                f"pool {self.name.value!r}: capacity {self.capacity} is not a whole number of "
+                f"pool {shown(self.name.value)}: capacity {self.capacity} is not a whole number of "
                 f"pages of {self.page_size}"
             )
         check_layout(self.layout, self.geometry, pool=self.name.value)
@@ -195,7 +195,7 @@ class HostGroupPlan:
         if not isinstance(self.host_memory, HostMemory):
             raise GroupError(
                 f"host_memory must be a HostMemory (hicache.domain.resolve_host_memory), got "
-                f"{self.host_memory!r}"
+                f"{shown(self.host_memory)}"
             )
         names = [p.name for p in self.pools]
         dup = sorted({n.value for n in names if names.count(n) > 1})
@@ -209,17 +209,17 @@ class HostGroupPlan:
             )
         anchor = anchors[0]
         if anchor.unit is not Unit.TOKEN:
-            raise GroupError(f"the anchor pool {anchor.name.value!r} must hold tokens, not slots")
+            raise GroupError(f"the anchor pool {shown(anchor.name.value)} must hold tokens, not slots")
         for p in self.pools:
             if p.role is not PoolRole.SIDECAR:
                 continue
             if p.unit is not Unit.TOKEN:
                 raise GroupError(
-                    f"sidecar {p.name.value!r} must hold tokens to share anchor indices"
+                    f"sidecar {shown(p.name.value)} must hold tokens to share anchor indices"
                 )
             if p.page_size != anchor.page_size or p.capacity != anchor.capacity:
                 raise GroupError(
-                    f"sidecar {p.name.value!r} borrows the anchor's indices and must have its page "
+                    f"sidecar {shown(p.name.value)} borrows the anchor's indices and must have its page "
                     f"size and capacity ({anchor.page_size}, {anchor.capacity}); got "
                     f"({p.page_size}, {p.capacity})"
                 )
@@ -285,7 +285,7 @@ class HostGroupPlan:
     def transfer_layer_of(self, model_layer: int) -> int | None:
         """The transfer layer of model layer ``model_layer``; None if it holds no cache here."""
         if type(model_layer) is not int or model_layer < 0:
-            raise ConfigError(f"model layer must be a non-negative integer, got {model_layer!r}")
+            raise ConfigError(f"model layer must be a non-negative integer, got {shown(model_layer)}")
         return self._by_model.get(model_layer)
 
     def model_layer_of(self, transfer_layer: int) -> int:
@@ -293,7 +293,7 @@ class HostGroupPlan:
         n = self._transfer_layers
         if type(transfer_layer) is not int or not 0 <= transfer_layer < n:
             raise ConfigError(
-                f"transfer layer {transfer_layer!r} is out of range: expected 0..{n - 1}"
+                f"transfer layer {shown(transfer_layer)} is out of range: expected 0..{n - 1}"
             )
         return self.cached_model_layers[transfer_layer]
 
@@ -309,7 +309,7 @@ class HostGroupPlan:
             if p.name is key:
                 return p
         raise GroupError(
-            f"no pool {key.value!r} in this group: it has {[p.name.value for p in self.pools]}"
+            f"no pool {shown(key.value)} in this group: it has {[p.name.value for p in self.pools]}"
         )
 
     def memory_of(self, _pool: PoolPlan | PoolName | str) -> HostMemory:

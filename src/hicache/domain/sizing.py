@@ -61,14 +61,14 @@ def parse_size(text: str | int) -> int:
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _UNITS:
         raise ConfigError(
-            f"cannot read size {text!r}: expected a number with an optional unit "
+            f"cannot read size {shown(text)}: expected a number with an optional unit "
             f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 64GiB"
         )
     value = int(Fraction(m.group(1)) * _UNITS[unit])  # exact: no float rounding or overflow
     if value <= 0:
-        raise ConfigError(f"size must be positive, got {text!r}")
+        raise ConfigError(f"size must be positive, got {shown(text)}")
     if value > MAX_BYTES:
-        raise ConfigError(f"size {text!r} is above the largest accepted, {MAX_BYTES} B (1 EiB)")
+        raise ConfigError(f"size {shown(text)} is above the largest accepted, {MAX_BYTES} B (1 EiB)")
     return value
 
 
@@ -81,9 +81,9 @@ def _positive_ratio(_inst: object, _attr: object, value: float) -> None:
 
 def _positive_bytes(_inst: object, _attr: object, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"host budget must be a positive number of bytes, got {value!r}")
+        raise ConfigError(f"host budget must be a positive number of bytes, got {shown(value)}")
     if value > MAX_BYTES:
-        raise ConfigError(f"host budget must be at most {MAX_BYTES} B (1 EiB), got {value}")
+        raise ConfigError(f"host budget must be at most {MAX_BYTES} B (1 EiB), got {shown(value)}")
 
 
 @attrs.frozen
@@ -143,13 +143,13 @@ def split_budget(budget: int, demands: Sequence[Demand]) -> dict[str, int]:
     out: dict[str, int] = {}
     for d in demands:
         if d.bytes_per_page <= 0:
-            raise SizingError(f"pool {d.key!r} has no bytes per page")
+            raise SizingError(f"pool {shown(d.key)} has no bytes per page")
         # Integer arithmetic: floor(budget * w / (W * bpp)) exactly.
         pages = (budget * d.device_bytes) // (total_weight * d.bytes_per_page)
         if pages < 1:
             raise SizingError(
-                f"budget {budget} B leaves pool {d.key!r} less than one page "
-                f"({d.bytes_per_page} B); raise the budget or give {d.key!r} an override"
+                f"budget {budget} B leaves pool {shown(d.key)} less than one page "
+                f"({d.bytes_per_page} B); raise the budget or give {shown(d.key)} an override"
             )
         out[d.key] = pages
     return out
@@ -169,7 +169,7 @@ def check_host_memory(
         ("reserve_bytes", reserve_bytes),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+            raise ConfigError(f"{name} must be a non-negative integer, got {shown(value)}")
     if not isinstance(ranks_on_host, int) or isinstance(ranks_on_host, bool) or ranks_on_host < 1:
         raise ConfigError(f"ranks_on_host must be at least 1, got {ranks_on_host}")
     usable = available_bytes - reserve_bytes
@@ -186,11 +186,11 @@ def check_overrides(overrides: Mapping[str, int], page_sizes: Mapping[str, int])
     for name, units in overrides.items():
         if name not in page_sizes:
             raise ConfigError(
-                f"capacity override names pool {name!r}, which this plan does not have "
+                f"capacity override names pool {shown(name)}, which this plan does not have "
                 f"(pools: {sorted(page_sizes)})"
             )
         if units <= 0 or units > MAX_UNITS or units % page_sizes[name]:
             raise ConfigError(
-                f"capacity override for {name!r} must be a positive whole number of pages of "
+                f"capacity override for {shown(name)} must be a positive whole number of pages of "
                 f"{page_sizes[name]}, got {units} (at most {MAX_UNITS})"
             )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 
 
 class PPSplit(enum.Enum):
@@ -28,20 +28,20 @@ class PPSplit(enum.Enum):
         if isinstance(value, PPSplit):
             return value
         if not isinstance(value, str):
-            raise ConfigError(f"pp_split must be 'vllm' or 'sglang', got {value!r}")
+            raise ConfigError(f"pp_split must be 'vllm' or 'sglang', got {shown(value)}")
         try:
             return cls(value.strip().lower())
         except ValueError:
-            raise ConfigError(f"pp_split must be 'vllm' or 'sglang', got {value!r}") from None
+            raise ConfigError(f"pp_split must be 'vllm' or 'sglang', got {shown(value)}") from None
 
 
 def _check(num_layers: int, pp_size: int, pp_rank: int) -> None:
     if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
-        raise ConfigError(f"num_layers must be a positive integer, got {num_layers!r}")
+        raise ConfigError(f"num_layers must be a positive integer, got {shown(num_layers)}")
     if not isinstance(pp_size, int) or isinstance(pp_size, bool) or pp_size < 1:
-        raise ConfigError(f"pp_size must be a positive integer, got {pp_size!r}")
+        raise ConfigError(f"pp_size must be a positive integer, got {shown(pp_size)}")
     if not isinstance(pp_rank, int) or isinstance(pp_rank, bool) or not 0 <= pp_rank < pp_size:
-        raise ConfigError(f"pp_rank must be in [0, {pp_size}), got {pp_rank!r}")
+        raise ConfigError(f"pp_rank must be in [0, {pp_size}), got {shown(pp_rank)}")
     if pp_size > num_layers:
         raise ConfigError(f"pp_size={pp_size} is larger than the model's {num_layers} layers")
 
@@ -76,7 +76,7 @@ def check_stage(num_layers: int, start: int, end: int) -> tuple[int, int]:
     """A stage range given by the serving engine: integers with 0 <= start < end <= num_layers."""
     for name, v in (("pp_start", start), ("pp_end", end)):
         if not isinstance(v, int) or isinstance(v, bool):
-            raise ConfigError(f"{name} must be an integer, got {v!r}")
+            raise ConfigError(f"{name} must be an integer, got {shown(v)}")
     if not 0 <= start < end <= num_layers:
         raise ConfigError(
             f"stage [pp_start, pp_end) = [{start}, {end}) is not a non-empty range of the "

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.pools import PoolName
 from hicache.domain.validators import positive_int
 
@@ -46,10 +46,12 @@ class WritePolicy(enum.Enum):
         if isinstance(value, WritePolicy):
             return value
         try:
-            return cls(str(value).strip().lower())
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return cls(value.strip().lower())
         except ValueError:
             raise ConfigError(
-                f"unknown write policy {value!r}: expected one of "
+                f"unknown write policy {shown(value)}: expected one of "
                 f"{', '.join(m.value for m in cls)}"
             ) from None
 
@@ -216,12 +218,12 @@ class PerTier:
     def from_counts(cls, counts: Sequence[int]) -> PerTier:
         """From three counts in tier order (device, host, storage)."""
         if len(counts) != len(Tier):
-            raise ConfigError(f"PerTier: expected 3 counts (device, host, storage), got {counts!r}")
+            raise ConfigError(f"PerTier: expected 3 counts (device, host, storage), got {shown(counts)}")
         return cls(device=counts[0], host=counts[1], storage=counts[2])
 
     def of(self, tier: Tier) -> int:
         if not isinstance(tier, Tier):
-            raise ConfigError(f"PerTier.of: tier must be a Tier, got {tier!r}")
+            raise ConfigError(f"PerTier.of: tier must be a Tier, got {shown(tier)}")
         return int(getattr(self, tier.name.lower()))
 
     @property

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 from hicache.domain.breaker import BreakerSnapshot
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.limits import bounded_seconds
 from hicache.domain.validators import nonneg_seconds, positive_int
 
@@ -38,10 +38,13 @@ class PrefetchPolicy(enum.Enum):
         if isinstance(value, PrefetchPolicy):
             return value
         try:
+            if not isinstance(value, str):  # an enum lookup would repr it (deep: RecursionError)
+                raise ValueError(value)
             return cls(value)
         except ValueError:
             raise ConfigError(
-                f"prefetch policy {value!r}: expected one of {', '.join(m.value for m in cls)}"
+                f"prefetch policy {shown(value)}: expected one of "
+                f"{', '.join(m.value for m in cls)}"
             ) from None
 
 
@@ -72,8 +75,8 @@ class StorageTierSettings:
     def __attrs_post_init__(self) -> None:
         if self.timeout_max_s < self.timeout_base_s:
             raise ConfigError(
-                f"timeout_max_s {self.timeout_max_s!r} is below timeout_base_s "
-                f"{self.timeout_base_s!r}: expected max >= base"
+                f"timeout_max_s {shown(self.timeout_max_s)} is below timeout_base_s "
+                f"{shown(self.timeout_base_s)}: expected max >= base"
             )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hicache.domain import ConfigError
+from hicache.domain.errors import shown
 
 BLOCK = 4096
 _WORDS = BLOCK // 8
@@ -52,7 +53,9 @@ class Checksum(enum.Enum):
             return value
         names = {m.name.lower(): m for m in cls}
         if not isinstance(value, str) or value.strip().lower() not in names:
-            raise ConfigError(f"unknown checksum {value!r}: expected one of {', '.join(names)}")
+            raise ConfigError(
+                f"unknown checksum {shown(value)}: expected one of {', '.join(names)}"
+            )
         return names[value.strip().lower()]
 
 
