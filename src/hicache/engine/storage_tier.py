@@ -1,9 +1,14 @@
 """The storage tier as the engine uses it: page keys in, host pages filled or backed up, off the loop.
 
 - StorageTier: exists (leading run of pages probably held), exists_each (per page), read
-  (store -> host pages), write (host pages -> store), start_write (a background write with a
-  completion callback), remove, deadline_for (the prefetch policy's deadline), buffers_safe,
-  statistics; ``async with tier:`` owns the background writes.
+  (store -> host pages), write (host pages -> store), read_each / write_each (the same, with
+  each page's StoreStatus), start_write (a background write with a completion callback),
+  remove, deadline_for (the prefetch policy's deadline), buffers_safe, statistics;
+  ``async with tier:`` owns the background writes.
+
+A page's StoreKeys are one per pool, ``StoreKey(namespace of the pool, pool name, page hex)``,
+unless the tier is given ``keys`` (a function of the page key): then those are the page's keys
+(``exists`` asks all of them; ``read``/``write`` need exactly one per pool, in pool order).
 
 Every store call runs on a worker thread (anyio.to_thread with a CapacityLimiter of
 ``max_concurrency``), in batches of at most ``batch_pages`` pages, with a deadline of at most
@@ -81,19 +86,21 @@ class StorageTier:
         settings: StorageTierSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        keys: Callable[[bytes], Sequence[StoreKey]] | None = None,
     ) -> None:
         self.settings = settings if settings is not None else StorageTierSettings()
         pools = tuple(pools)
         if not pools or len(set(pools)) != len(pools):
             raise ConfigError(f"storage tier pools {pools!r}: expected distinct pool names")
         missing = [p.value for p in pools if p not in namespaces]
-        if missing:
+        if missing and keys is None:
             raise ConfigError(f"storage tier pools {missing} have no namespace")
         self.store = store
         self.pools = pools
         self._buffers = buffers
         self._namespaces = dict(namespaces)
         self._clock = clock
+        self._keys = keys
         self._breaker = Breaker(self.settings.breaker_threshold, self.settings.breaker_cooldown_s)
         self._limiter = anyio.CapacityLimiter(self.settings.max_concurrency)
         self._pages: Counter[str] = Counter()
@@ -121,7 +128,10 @@ class StorageTier:
     # -- keys and buffers --------------------------------------------------------------------
 
     def store_keys(self, page_key: bytes) -> list[StoreKey]:
-        """One StoreKey per stored pool for one page key (in ``pools`` order)."""
+        """The StoreKeys of one page key: one per stored pool (in ``pools`` order), or what the
+        tier's ``keys`` function gives."""
+        if self._keys is not None:
+            return list(self._keys(page_key))
         text = page_hex(page_key)
         return [StoreKey(self._namespaces[p], p.value, text) for p in self.pools]
 
@@ -147,7 +157,13 @@ class StorageTier:
         keys: list[StoreKey] = []
         bufs: list[PageBuffer] = []
         for i in range(lo, hi):
-            keys.extend(self.store_keys(page_keys[i]))
+            page = self.store_keys(page_keys[i])
+            if len(page) != len(self.pools):
+                raise ConfigError(
+                    f"storage tier: page {page_keys[i].hex()[:16]} has {len(page)} store keys "
+                    f"for {len(self.pools)} pools: expected one key per pool to move its bytes"
+                )
+            keys.extend(page)
             bufs.extend(self._buffers.buffer(p, host_pages[p][i]) for p in self.pools)
         return keys, bufs
 
@@ -229,48 +245,49 @@ class StorageTier:
 
     # -- the tier's operations ---------------------------------------------------------------
 
-    async def exists(self, page_keys: Sequence[bytes]) -> int:
+    async def exists(self, page_keys: Sequence[bytes], *, deadline: float | None = None) -> int:
         """How many leading pages every pool probably holds (a hint, never a hit); 0 when the
-        breaker is open or the call failed."""
+        breaker is open or the call failed. No store call starts once ``deadline`` (absolute,
+        the tier's clock; None = none beyond call_deadline_s) passed."""
         found = 0
-        step = self.settings.batch_pages
-        for lo in range(0, len(page_keys), step):
-            hi = min(lo + step, len(page_keys))
-            keys = [k for i in range(lo, hi) for k in self.store_keys(page_keys[i])]
-            deadline = self._call_deadline(None)
-            answer = await self._call(
-                "exists", functools.partial(self.store.exists, keys, deadline=deadline)
-            )
-            if answer is None:
-                return found if lo else 0
-            late = self._clock() > deadline
-            self._breaker.record(not late, self._clock())
-            n = len(self.pools)
-            for j in range(hi - lo):
-                if not all(answer[j * n : (j + 1) * n]):
-                    return found
-                found += 1
+        for held in await self._exists(page_keys, deadline, leading=True):
+            if not held:
+                break
+            found += 1
         return found
 
-    async def exists_each(self, page_keys: Sequence[bytes]) -> list[bool]:
+    async def exists_each(
+        self, page_keys: Sequence[bytes], *, deadline: float | None = None
+    ) -> list[bool]:
         """Per page, whether every pool probably holds it (a hint, holes included: a caller with
         its own hit rule, e.g. a trailing window, needs more than the leading run); all False
-        from the first batch the breaker refused or that failed."""
+        from the first batch the breaker refused, that failed or that ``deadline`` cut off."""
+        return await self._exists(page_keys, deadline, leading=False)
+
+    async def _exists(
+        self, page_keys: Sequence[bytes], deadline: float | None, *, leading: bool
+    ) -> list[bool]:
         out = [False] * len(page_keys)
         step = self.settings.batch_pages
-        n = len(self.pools)
         for lo in range(0, len(page_keys), step):
+            if deadline is not None and self._clock() >= deadline:
+                break
             hi = min(lo + step, len(page_keys))
-            keys = [k for i in range(lo, hi) for k in self.store_keys(page_keys[i])]
-            deadline = self._call_deadline(None)
+            per_page = [self.store_keys(page_keys[i]) for i in range(lo, hi)]
+            keys = [k for page in per_page for k in page]
+            call_deadline = self._call_deadline(deadline)
             answer = await self._call(
-                "exists", functools.partial(self.store.exists, keys, deadline=deadline)
+                "exists", functools.partial(self.store.exists, keys, deadline=call_deadline)
             )
             if answer is None:
-                return out
-            self._breaker.record(self._clock() <= deadline, self._clock())
-            for j in range(hi - lo):
-                out[lo + j] = all(answer[j * n : (j + 1) * n])
+                break
+            self._breaker.record(self._clock() <= call_deadline, self._clock())
+            at = 0
+            for j, page in enumerate(per_page):
+                out[lo + j] = all(answer[at : at + len(page)])
+                at += len(page)
+            if leading and not all(out[lo:hi]):
+                break
         return out
 
     async def read(
@@ -283,7 +300,13 @@ class StorageTier:
         """Get every pool's object of each page into its host page; per page True only when every
         pool answered OK. The Trues are a leading run: reading stops at the first failed page or
         once ``deadline`` (absolute, the tier's clock; None = no overall deadline) passed."""
-        return await self._transfer("get", page_keys, host_pages, deadline, leading=True)
+        statuses = await self._transfer("get", page_keys, host_pages, deadline, leading=True)
+        out = [False] * len(statuses)
+        for i, s in enumerate(statuses):
+            if not s.ok:
+                break
+            out[i] = True
+        return out
 
     async def write(
         self,
@@ -295,6 +318,29 @@ class StorageTier:
         """Put each page's host bytes of every pool; per page True when every pool answered OK.
         Later batches are still written after a failed page (FULL, INVALID); past the deadline
         the remaining pages are False."""
+        return [s.ok for s in await self.write_each(page_keys, host_pages, deadline=deadline)]
+
+    async def read_each(
+        self,
+        page_keys: Sequence[bytes],
+        host_pages: Mapping[PoolName, Sequence[int]],
+        *,
+        deadline: float | None,
+    ) -> list[StoreStatus]:
+        """Like read, but every batch is read (holes included) and each page gets its status:
+        OK when every pool answered OK, else the first pool's non-OK status; TRANSIENT for a
+        page no store call answered (the breaker refused, the store raised, ``deadline``
+        passed). A page OK after a failed one holds its bytes in its host page."""
+        return await self._transfer("get", page_keys, host_pages, deadline, leading=False)
+
+    async def write_each(
+        self,
+        page_keys: Sequence[bytes],
+        host_pages: Mapping[PoolName, Sequence[int]],
+        *,
+        deadline: float | None,
+    ) -> list[StoreStatus]:
+        """Like write, with each page's status (as read_each)."""
         return await self._transfer("put", page_keys, host_pages, deadline, leading=False)
 
     async def _transfer(
@@ -305,9 +351,13 @@ class StorageTier:
         deadline: float | None,
         *,
         leading: bool,
-    ) -> list[bool]:
+    ) -> list[StoreStatus]:
+        """Each page's status; with ``leading``, no batch after a failed page is read and
+        every page from the first failed one is counted as failed (read answers the leading
+        run of OK)."""
         self._check(page_keys, host_pages)
-        out = [False] * len(page_keys)
+        out = [False] * len(page_keys)  # counted OK
+        each = [StoreStatus.TRANSIENT] * len(page_keys)
         n = len(self.pools)
         step = self.settings.batch_pages
         method = self.store.get if op == "get" else self.store.put
@@ -324,7 +374,9 @@ class StorageTier:
                     break
                 stop = False
                 for j in range(hi - lo):
-                    ok = all(s.ok for s in statuses[j * n : (j + 1) * n])
+                    page = statuses[j * n : (j + 1) * n]
+                    each[lo + j] = next((s for s in page if not s.ok), StoreStatus.OK)
+                    ok = each[lo + j].ok
                     if ok and not (leading and stop):
                         out[lo + j] = True
                         self._bytes[kind] += sum(
@@ -338,7 +390,7 @@ class StorageTier:
             good = sum(out)
             self._pages[f"{kind}_ok"] += good
             self._pages[f"{kind}_failed"] += len(out) - good
-        return out
+        return each
 
     async def remove(self, page_keys: Sequence[bytes]) -> list[bool]:
         """Forget every pool's object of each page; per page True when every pool answered OK."""

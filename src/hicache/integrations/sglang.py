@@ -10,29 +10,25 @@
   return values SGLang's controller relies on (python/sglang/srt/managers/cache_controller.py).
 
 Every store call goes through hicache's StorageTier (one per registered SGLang pool, one shared
-store): a deadline per call, the circuit breaker, statuses and statistics. The tier runs on an
-event loop in a thread of its own (an anyio blocking portal); SGLang's controller threads wait
-for a call at most ``deadline_s + grace_s`` and then get a miss (get, exists) or a failed backup
-(set), so a dead or stalled store never stalls them. Pages are stored in SGLang's flat page
+store): a deadline per call, the circuit breaker, statuses and statistics, driven through
+hicache.engine.bounded.BoundedStorage: SGLang's controller threads wait for a call at most
+``deadline_s + grace_s`` and then get a miss (get, exists) or a failed backup (set); while that
+call is still running every call is refused at once, so a dead or stalled store never stalls
+them, and ``close`` returns within the same bound. Pages are stored in SGLang's flat page
 order whatever path moves them (hicache.integrations.sglang_pages). Importing this module imports
 SGLang; nothing else in hicache does (an import-linter contract keeps it so).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import enum
-import functools
-import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 import torch
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
@@ -46,6 +42,7 @@ from hicache.bootstrap.storage import open_named_store
 from hicache.domain.errors import ConfigError
 from hicache.domain.pools import PoolName
 from hicache.domain.storage import PageBuffer, Store
+from hicache.engine.bounded import Answer, BoundedSettings, BoundedStorage, BoundedTier
 from hicache.engine.logs import get_logger
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
@@ -60,37 +57,17 @@ log = get_logger("hicache.sglang")
 SGLANG_BATCH_PAGES = 128
 
 
-class _CallBuffers:
-    """The HostPageBuffers of the tiers: each call registers its page buffers under fresh ids."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ids = itertools.count()
-        self._buffers: dict[int, PageBuffer] = {}
-
-    def add(self, buffers: Sequence[PageBuffer]) -> list[int]:
-        with self._lock:
-            ids = [next(self._ids) for _ in buffers]
-            self._buffers.update(zip(ids, buffers, strict=True))
-        return ids
-
-    def drop(self, ids: Sequence[int]) -> None:
-        with self._lock:
-            for i in ids:
-                self._buffers.pop(i, None)
-
-    def buffer(self, pool: PoolName, page: int) -> PageBuffer:
-        with self._lock:
-            return self._buffers[page]
-
-
 @attrs.define
 class _Pool:
     name: str
     pages: PoolPages
-    tier: StorageTier
+    calls: BoundedTier  # the pool's StorageTier (``calls.tier``), bounded
     namespace: str
     replicated: bool
+
+    @property
+    def tier(self) -> StorageTier:
+        return self.calls.tier
 
 
 def _plain(_inst: object, _field: object, value: Any) -> Any:
@@ -129,15 +106,9 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             if given is not None
             else open_named_store(self.settings.store, self.settings.store_config)
         )
-        self._buffers = _CallBuffers()
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
-        self._stuck = 0
-        self._counts: dict[str, int] = {
-            "timed_out_calls": 0,
-            "refused_while_stuck": 0,
-            "skipped_non_writer": 0,
-        }
+        self._skipped_non_writer = 0
         self._metrics: dict[str, list[float]] = {
             "prefetch_pgs": [],
             "backup_pgs": [],
@@ -159,8 +130,11 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         # framework may register itself; ``counters`` is its IntegrationCounters.
         self.metrics = self._exports.metrics
         self.counters = self._exports.counters
-        self._portal_cm: AbstractContextManager[BlockingPortal] | None = start_blocking_portal()
-        self._portal: BlockingPortal | None = self._portal_cm.__enter__()
+        # Built last: it owns the store from here on (its close closes the store).
+        self._bounded = BoundedStorage(
+            self.store,
+            BoundedSettings(deadline_s=self.settings.deadline_s, grace_s=self.settings.grace_s),
+        )
         self._closed = False
 
     # -- registration -------------------------------------------------------------------------
@@ -201,11 +175,9 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             breaker_threshold=self.settings.breaker_threshold,
             breaker_cooldown_s=self.settings.breaker_cooldown_s,
         )
-        tier = StorageTier(
-            self.store, self._buffers, {internal: namespace}, [internal], tier_settings
-        )
+        calls = self._bounded.tier({internal: namespace}, [internal], tier_settings)
         with self._lock:
-            self._pools[name] = _Pool(name, pages, tier, namespace, replicated)
+            self._pools[name] = _Pool(name, pages, calls, namespace, replicated)
         log.info(
             "sglang pool registered",
             pool=name,
@@ -226,52 +198,16 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
 
     # -- running a tier call from an SGLang thread --------------------------------------------
 
-    def _run(
-        self, op: str, default: Any, fn: Callable[..., Any], *args: Any, ids: Sequence[int] = ()
-    ) -> tuple[Any, bool]:
-        """(the tier's answer, True), or (``default``, False) when the backend is closed, a
-        call is still stuck, or this one overran (counted as an error of ``op``)."""
-        portal = self._portal
-        if self._closed or portal is None:
-            self._buffers.drop(ids)
-            self.counters.count_error(operation=op, status="closed")
-            return default, False
-        if self._stuck:
-            self._counts["refused_while_stuck"] += 1
-            self._buffers.drop(ids)
-            self.counters.count_error(operation=op, status="stuck")
-            return default, False
+    def _answered(self, op: str, answer: Answer[Any]) -> bool:
+        """Count a call the bounded storage did not answer (closed, stuck, timeout)."""
+        if not answer.answered:
+            self.counters.count_error(operation=op, status=answer.outcome.value)
+        return answer.answered
 
-        async def call() -> Any:
-            try:
-                return await fn(*args)
-            finally:
-                self._buffers.drop(ids)
-
-        future = portal.start_task_soon(call)
-        try:
-            return future.result(timeout=self.settings.deadline_s + self.settings.grace_s), True
-        except concurrent.futures.TimeoutError:
-            with self._lock:
-                self._stuck += 1
-                self._counts["timed_out_calls"] += 1
-            future.add_done_callback(self._unstick)
-            log.warning(
-                "store call overran its deadline: answered as a failure",
-                store=self.store.name,
-                waited_s=self.settings.deadline_s + self.settings.grace_s,
-            )
-            self.counters.count_error(operation=op, status="timeout")
-            return default, False
-
-    def _deadline(self) -> float:
-        # One SGLang call (up to 128 pages) gets deadline_s in all; each store call inside it
-        # gets what is left (StorageTier passes min(call deadline, this) to the store).
-        return time.monotonic() + self.settings.deadline_s
-
-    def _unstick(self, _future: concurrent.futures.Future[Any]) -> None:
-        with self._lock:
-            self._stuck -= 1
+    @property
+    def _stuck(self) -> int:
+        """Store calls that overran ``deadline_s + grace_s`` and are still running."""
+        return self._bounded.stuck
 
     # -- the page moves -----------------------------------------------------------------------
 
@@ -286,14 +222,11 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         return [int(t) for t in host_indices.reshape(-1)[::ps].tolist()]
 
     def _read(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
-        ids = self._buffers.add(buffers)
-        start = time.perf_counter()
-        read = functools.partial(pool.tier.read, deadline=self._deadline())
-        args = ([page_key(k) for k in keys], {pool.tier.pools[0]: ids})
         if not keys:
             return []
-        ok: list[bool]
-        ok, answered = self._run("get", [False] * len(keys), read, *args, ids=ids)
+        start = time.perf_counter()
+        answer = pool.calls.read([page_key(k) for k in keys], buffers)
+        ok, answered = answer.value, self._answered("get", answer)
         seconds = time.perf_counter() - start
         self._note("prefetch", pool, sum(ok), seconds)
         got = sum(ok)
@@ -305,16 +238,14 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     def _write(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
         if pool.replicated and not self.storage_config.is_storage_writer:
             # The writer rank stores the same bytes (SGLang's is_storage_writer).
-            self._counts["skipped_non_writer"] += len(keys)
+            with self._lock:
+                self._skipped_non_writer += len(keys)
             return [True] * len(keys)
-        ids = self._buffers.add(buffers)
-        start = time.perf_counter()
-        write = functools.partial(pool.tier.write, deadline=self._deadline())
-        args = ([page_key(k) for k in keys], {pool.tier.pools[0]: ids})
         if not keys:
             return []
-        ok: list[bool]
-        ok, answered = self._run("set", [False] * len(keys), write, *args, ids=ids)
+        start = time.perf_counter()
+        answer = pool.calls.write([page_key(k) for k in keys], buffers)
+        ok, answered = answer.value, self._answered("set", answer)
         seconds = time.perf_counter() - start
         self._note("backup", pool, sum(ok), seconds)
         put = sum(ok)
@@ -437,8 +368,9 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         if not keys:
             return 0
         pool = self.pool("kv")
-        found: int
-        found, _ = self._run("exists", 0, pool.tier.exists, [page_key(k) for k in keys])
+        answer = pool.calls.exists([page_key(k) for k in keys])
+        self._answered("exists", answer)
+        found = answer.value
         self._count_lookup(pool, len(keys), found)
         return found
 
@@ -449,11 +381,9 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     def _exists_each(self, pool: _Pool, keys: Sequence[str]) -> list[bool]:
         if not keys:
             return []
-        found: list[bool]
-        found, _ = self._run(
-            "exists", [False] * len(keys), pool.tier.exists_each, [page_key(k) for k in keys]
-        )
-        return found
+        answer = pool.calls.exists_each([page_key(k) for k in keys])
+        self._answered("exists", answer)
+        return answer.value
 
     # -- v2: hybrid side pools ----------------------------------------------------------------
 
@@ -545,7 +475,14 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             }
             for name, p in list(self._pools.items())
         }
-        return {"store": self.store.name, "pools": pools, **self._counts}
+        bounded = self._bounded.statistics()
+        return {
+            "store": self.store.name,
+            "pools": pools,
+            "timed_out_calls": bounded.timed_out_calls,
+            "refused_while_stuck": bounded.refused_while_stuck,
+            "skipped_non_writer": self._skipped_non_writer,
+        }
 
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics (pages and GB/s per call since the last get_stats), with
@@ -566,14 +503,12 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         return metrics
 
     def close(self) -> None:
-        """Stop the tier's loop and close the store; idempotent. Later calls miss."""
+        """Stop the tiers' loop and close the store (BoundedStorage.close: within ``deadline_s
+        + grace_s``, a stuck store call is left to finish); idempotent. Later calls miss."""
         if self._closed:
             return
         self._closed = True
-        cm, self._portal_cm, self._portal = self._portal_cm, None, None
         try:
-            if cm is not None:
-                cm.__exit__(None, None, None)
+            self._bounded.close()
         finally:
             self._exports.close()
-            self.store.close()
