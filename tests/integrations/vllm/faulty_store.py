@@ -7,17 +7,23 @@ Loaded by HiCacheConnector through hicache's "dynamic" storage backend
 - ``corrupt``: every page read OK has its bytes scrambled after the checksum passed (damage the
   checksum cannot see: the output must change, which proves the loaded KV is used); the text
   ``1`` zeroes every third byte of every page, ``kv`` or ``state`` zeroes the whole pages of
-  that kind only (a hybrid model's KV blocks or its states).
+  that kind only (a hybrid model's KV blocks or its states);
+- ``hang``: while this file exists, every exists / get / put (the text ``get``: every get only)
+  waits, ignoring its deadline, at most ``HANG_MAX_S`` (a store that hangs: the connector must
+  not).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
+
+HANG_MAX_S = 600.0
 
 
 class FaultyStore(DirectoryStore):
@@ -26,6 +32,31 @@ class FaultyStore(DirectoryStore):
         self.flags = Path(cfg.pop("flags_dir"))
         super().__init__(DirectorySettings.from_config(cfg))
 
+    def _hang(self, op: str) -> None:
+        until = time.monotonic() + HANG_MAX_S
+        while time.monotonic() < until:
+            try:
+                what = (self.flags / "hang").read_text().strip()
+            except FileNotFoundError:
+                return
+            if what == "get" and op != "get":
+                return
+            time.sleep(0.05)
+
+    def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
+        self._hang("exists")
+        return super().exists(keys, deadline=deadline)
+
+    def put(
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
+    ) -> list[StoreStatus]:
+        self._hang("put")
+        return super().put(keys, buffers, deadline=deadline)
+
     def get(
         self,
         keys: Sequence[StoreKey],
@@ -33,6 +64,7 @@ class FaultyStore(DirectoryStore):
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
+        self._hang("get")
         statuses = super().get(keys, buffers, deadline=deadline)
         fail = self.flags / "fail_after"
         if fail.exists():

@@ -11,7 +11,7 @@ chat: prompt i, its last output and n more tokens) | ["reset"] (vLLM's prefix ca
 ["reset_all"] (and hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's
 flag files) | ["damage", store folder] (flip a byte in every stored object) | ["metrics"]
 (vLLM's counters of the connector, {"name{label=value}": value}: the LLM needs
-``disable_log_stats`` False). The last stdout
+``disable_log_stats`` False) | ["sleep", s]. The last stdout
 line is ``HICACHE-RESULT {"phases": [[step result, ...], ...], "block_sizes": [each phase's
 block size as vLLM settled it]}``; a "gen" result is a list of {"tokens", "cached" (vLLM's
 num_cached_tokens), "ms"}.
@@ -231,6 +231,11 @@ def run(spec: dict[str, object]) -> dict[str, object]:
                 results.append(step[2])
             elif step[0] == "metrics":  # vLLM's counters so far (needs disable_log_stats False)
                 results.append(_metrics(llm))
+            elif step[0] == "sleep":
+                import time
+
+                time.sleep(float(step[1]))
+                results.append(step[1])
             elif step[0] == "damage":
                 n = 0
                 for f in sorted(Path(step[1]).rglob("*.obj")):

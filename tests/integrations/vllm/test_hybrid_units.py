@@ -25,6 +25,7 @@ from hicache.integrations.vllm.plan import (
     state_key,
     store_key,
 )
+from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, state_rows
@@ -41,6 +42,11 @@ class Exists:
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
         return [str(k) in self.held for k in keys]
 
+    name = "exists"
+
+    def close(self) -> None:
+        pass
+
 
 def _store_keys(page: bytes) -> list[StoreKey]:
     return [store_key("t", 0, page)]
@@ -50,7 +56,7 @@ def side(store: Exists | None = None, state_slots: int = 8) -> SchedulerSide:
     return SchedulerSide(
         block_size=BS,
         host_slots=16,
-        store=store,  # type: ignore[arg-type]
+        store=BoundedStorage(store) if store is not None else None,  # type: ignore[arg-type]
         store_keys=_store_keys,
         write_storage=store is not None,
         save_decode=True,
@@ -174,7 +180,7 @@ def hybrid_worker(store: DirectoryStore | None = None) -> tuple[WorkerTransfers,
     w = WorkerTransfers(
         layers,
         host_bytes=4 * 32,
-        store=store,
+        store=BoundedStorage(store) if store is not None else None,
         store_key=lambda page: _store_keys(page)[0],
         stats=ConnectorStats(),
         state_layers=states,

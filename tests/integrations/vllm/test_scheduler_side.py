@@ -9,6 +9,7 @@ import pytest
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import StoreKey
 from hicache.integrations.vllm.plan import Agreement, Event, Op
+from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.stats import ConnectorStats
 
@@ -23,6 +24,11 @@ class Exists:
 
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
         return [str(k) in self.held for k in keys]
+
+    name = "exists"
+
+    def close(self) -> None:
+        pass
 
 
 def store_keys(ranks: int):  # type: ignore[no-untyped-def]
@@ -40,7 +46,7 @@ def side(
     return SchedulerSide(
         block_size=BS,
         host_slots=slots,
-        store=store,  # type: ignore[arg-type]
+        store=BoundedStorage(store) if store is not None else None,  # type: ignore[arg-type]
         store_keys=store_keys(ranks),
         write_storage=store is not None,
         save_decode=decode,

@@ -45,6 +45,12 @@ def test_directory_store_takes_its_path_as_root(tmp_path: object) -> None:
         ),
         ({"write_policy": "write_back"}, "'write_policy'"),
         ({"save_decode": "yes"}, "'save_decode'"),
+        ({"deadline_s": 0}, "'deadline_s'"),
+        ({"deadline_s": float("inf")}, "'deadline_s'"),
+        ({"grace_s": float("nan")}, "'grace_s'"),
+        ({"grace_s": -1}, "'grace_s'"),
+        ({"grace_s": True}, "'grace_s'"),
+        ({"deadline_s": "2"}, "'deadline_s'"),
     ],
 )
 def test_bad_key_or_value_is_refused_naming_the_key(config: dict[str, object], named: str) -> None:
@@ -61,3 +67,10 @@ def test_host_only_policy_never_writes_the_store(tmp_path: object) -> None:
         {"storage_backend": "directory", "storage_path": str(tmp_path), "write_policy": "host_only"}
     )
     assert not s.writes_storage
+
+
+def test_every_store_call_is_bounded_by_deadline_plus_grace() -> None:
+    s = ConnectorSettings.from_extra_config({})
+    assert (s.deadline_s, s.grace_s) == (2.0, 1.0)
+    s = ConnectorSettings.from_extra_config({"deadline_s": 5, "grace_s": 0.5})
+    assert s.bounds() == {"deadline_s": 5.0, "grace_s": 0.5}

@@ -10,6 +10,7 @@ import torch
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.domain import DeviceError
 from hicache.domain.storage import StoreKey
+from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.plan import LoadOp, Op, SaveOp, StepPlan
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, choose_copier
@@ -35,7 +36,7 @@ def transfers(c: dict[str, torch.Tensor], store: DirectoryStore | None = None) -
     return WorkerTransfers(
         layers,
         host_bytes=4 * sum(r.shape[1] for _, r in layers),
-        store=store,
+        store=BoundedStorage(store) if store is not None else None,
         store_key=lambda page: StoreKey(namespace="t", pool="kv-r0", page_hash=page.hex()),
         stats=ConnectorStats(),
     )

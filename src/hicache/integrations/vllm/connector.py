@@ -38,7 +38,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 
 from hicache.bootstrap.storage import open_store
 from hicache.domain import CacheStateError, ConfigError
-from hicache.domain.storage import Store, StoreKey
+from hicache.domain.storage import StoreKey
+from hicache.engine.bounded import BoundedSettings, BoundedStorage
 from hicache.integrations.vllm.exporter import export, process_counters
 from hicache.integrations.vllm.layout import Layout, Shape, layout_of
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
@@ -94,7 +95,12 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self.shape = Shape.of(vllm_config, kv_cache_config, self.settings)
         self.stats = ConnectorStats(process_counters())  # hicache's metrics: one per process
         storage = self.settings.storage()
-        self.store: Store | None = open_store(storage) if storage is not None else None
+        # every store call bounded by deadline_s + grace_s (hicache.engine.bounded)
+        self.store: BoundedStorage | None = (
+            BoundedStorage(open_store(storage), BoundedSettings(**self.settings.bounds()))
+            if storage is not None
+            else None
+        )
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None
         if role == KVConnectorRole.SCHEDULER:

@@ -39,7 +39,8 @@ from hicache.domain import CacheStateError
 from hicache.domain.host_pages import HostPages
 from hicache.domain.keys import chain_keys
 from hicache.domain.pools import PoolName
-from hicache.domain.storage import Store, StoreKey
+from hicache.domain.storage import StoreKey
+from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.engine.logs import get_logger
 from hicache.integrations.vllm.block_keys import BlockExtras, UnkeyableError, chain_block_keys
 from hicache.integrations.vllm.plan import (
@@ -92,7 +93,7 @@ class SchedulerSide:
         *,
         block_size: int,
         host_slots: int,
-        store: Store | None,
+        store: BoundedStorage | None,
         store_keys: Callable[[bytes], list[StoreKey]],
         write_storage: bool,
         save_decode: bool,
@@ -105,7 +106,10 @@ class SchedulerSide:
         self.index = HostPages(host_slots)
         self.state_groups = state_groups
         self.states = HostPages(state_slots, pool=PoolName.MAMBA) if state_groups else None
-        self.store = store
+        # exists of every rank's key of a page, each call bounded (a hung store is a miss)
+        self.store: BoundedTier | None = (
+            store.tier({}, [PoolName.KV], keys=store_keys) if store is not None else None
+        )
         self.store_keys = store_keys  # one key per rank
         self.write_storage = write_storage and store is not None
         self.save_decode = save_decode
@@ -192,18 +196,10 @@ class SchedulerSide:
             ):
                 run += 1
             if run:
-                ask = [k for key in keys[i : i + run] for k in self.store_keys(key)]
-                try:
-                    there = self.store.exists(ask)
-                except Exception as exc:
-                    self.stats.error("exists", type(exc).__name__)
-                    there = [False] * len(ask)
-                per = len(ask) // run
-                for j in range(run):
-                    if not all(there[j * per : (j + 1) * per]):
-                        run = j
-                        break
-                i += run
+                answer = self.store.exists(keys[i : i + run])  # the leading run every rank has
+                if not answer.answered:
+                    self.stats.error("exists", answer.outcome.value)
+                i += answer.value
         end = i
         if end <= start:
             return 0, False
@@ -214,14 +210,10 @@ class SchedulerSide:
         """Whether every rank's copy of each page is in the store (False where it cannot say)."""
         if self.store is None or not keys:
             return [False] * len(keys)
-        ask = [k for key in keys for k in self.store_keys(key)]
-        try:
-            there = self.store.exists(ask)
-        except Exception as exc:
-            self.stats.error("exists", type(exc).__name__)
-            return [False] * len(keys)
-        per = len(ask) // len(keys)
-        return [all(there[j * per : (j + 1) * per]) for j in range(len(keys))]
+        answer = self.store.exists_each(keys)
+        if not answer.answered:
+            self.stats.error("exists", answer.outcome.value)
+        return answer.value
 
     def _match_hybrid(
         self, req_id: str, keys: Sequence[bytes], start: int, limit: int

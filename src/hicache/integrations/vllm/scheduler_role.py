@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hicache.domain.storage import Store, StoreKey
+from hicache.domain.storage import StoreKey
+from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.layout import Shape
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.request_keys import prompt_tokens, request_extras
@@ -40,7 +41,7 @@ class SchedulerConnector:
         shape: Shape,
         settings: ConnectorSettings,
         *,
-        store: Store | None,
+        store: BoundedStorage | None,
         store_keys: Callable[[bytes], list[StoreKey]],
         stats: ConnectorStats,
     ) -> None:

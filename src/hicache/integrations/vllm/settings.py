@@ -1,7 +1,8 @@
 """The connector's settings: ``kv_connector_extra_config`` parsed and checked at start.
 
 - ConnectorSettings: host tier size, storage backend and its config, write policy, decode
-  saves, and how hicache's metrics are exported (metrics_port, metrics).
+  saves, how hicache's metrics are exported (metrics_port, metrics), and the bound of every
+  store call (deadline_s, grace_s: hicache.engine.bounded).
 - ConnectorSettings.from_extra_config(config, env=None): a mapping (vLLM's extra config) to
   settings; an unknown key or a bad value is one ConfigError naming the key, the value and what
   was expected. The keys that overlap hicache's configuration (host_gib, storage_backend,
@@ -15,6 +16,7 @@ Torch- and vLLM-free, so a bad config is refused before any memory is touched.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -36,11 +38,17 @@ KEYS = (
     "metrics_port",
     "metrics",
     "copy_backend",
+    "deadline_s",
+    "grace_s",
 )
 SOURCE = "kv_connector_extra_config"
 METRICS_MODES = ("off", "register")
 COPY_BACKENDS = ("auto", "native", "torch")
 _GIB = 1 << 30
+# The store call bound (hicache.engine.bounded). Shorter than the SGLang backend's 10 s + 2 s:
+# the scheduler's exists runs on vLLM's scheduling thread, where every running request waits.
+DEADLINE_S = 2.0
+GRACE_S = 1.0
 
 
 @attrs.frozen(kw_only=True)
@@ -58,6 +66,8 @@ class ConnectorSettings:
     # block copies host <-> vLLM's caches: "native" (hicache's C memcpy helper, CPU caches),
     # "torch" (index_select / index_copy_), "auto": native for CPU caches, torch otherwise
     copy_backend: str = "auto"
+    deadline_s: float = DEADLINE_S  # what one store call may take
+    grace_s: float = GRACE_S  # how much longer vLLM waits for a store past its deadline
 
     @property
     def host_bytes(self) -> int:
@@ -66,6 +76,10 @@ class ConnectorSettings:
     @property
     def writes_storage(self) -> bool:
         return self.storage_backend is not None and self.write_policy == "write_through"
+
+    def bounds(self) -> dict[str, float]:
+        """The bound of every store call: BoundedSettings' keyword arguments."""
+        return {"deadline_s": self.deadline_s, "grace_s": self.grace_s}
 
     def storage(self) -> StorageSettings | None:
         """The hicache StorageSettings of the store, or None without one."""
@@ -168,6 +182,20 @@ class ConnectorSettings:
                 f"{', '.join(COPY_BACKENDS)}"
             )
         out["copy_backend"] = copy
+        for name in ("deadline_s", "grace_s"):
+            if name in config:
+                v = config[name]
+                if (
+                    isinstance(v, bool)
+                    or not isinstance(v, int | float)
+                    or not math.isfinite(v)
+                    or v <= 0
+                ):
+                    raise ConfigError(
+                        f"kv_connector_extra_config {name!r} = {v!r}: expected a finite number "
+                        "of seconds > 0"
+                    )
+                out[name] = float(v)
         _layer_hicache_config(config, out, os.environ if env is None else env)
         settings = cls(**out)
         if settings.storage_backend is not None:

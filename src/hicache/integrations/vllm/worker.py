@@ -19,7 +19,10 @@
 
 A failed copy or store call never raises into vLLM's forward pass: its pages are reported
 failed (the scheduler drops them) and its device blocks are reported as load errors (vLLM
-recomputes them).
+recomputes them). Every store call is bounded (hicache.engine.bounded): one that overran
+``deadline_s + grace_s`` is answered as failed, and the events that end its host slots' pins
+(STORE for a write, LOAD for a read) wait until the store call really returned, so the
+scheduler never hands a slot the store may still read or write to another page.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import numpy as np
 import torch
 
 from hicache.domain import DeviceError
-from hicache.domain.storage import Store, StoreKey, StoreStatus
+from hicache.domain.pools import PoolName
+from hicache.domain.storage import StoreKey
+from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.integrations.vllm.plan import (
     Event,
     LoadOp,
@@ -143,7 +149,7 @@ class WorkerTransfers:
         layers: Sequence[tuple[str, torch.Tensor]],
         *,
         host_bytes: int,
-        store: Store | None,
+        store: BoundedStorage | None,
         store_key: Callable[[bytes], StoreKey],
         stats: ConnectorStats,
         rank: int = 0,
@@ -183,7 +189,11 @@ class WorkerTransfers:
                 f"{off} bytes (every state layer)"
             )
         self.state_host = torch.empty((state_slots, max(off, 1)), dtype=torch.uint8)
-        self.store = store
+        self.store: BoundedTier | None = (
+            store.tier({}, [PoolName.KV], keys=lambda page: [store_key(page)])
+            if store is not None
+            else None
+        )
         self.store_key = store_key
         self.stats = stats
         self._copy = ThreadPoolExecutor(1, thread_name_prefix="hicache-copy")
@@ -364,30 +374,48 @@ class WorkerTransfers:
     def _store_pages(self, saves: Sequence[SaveOp | StateSave]) -> None:
         assert self.store is not None
         t0 = time.perf_counter()
+        settled: Future[Any] = Future()
         try:
-            statuses = self.store.put(
-                [self.store_key(op.key) for op in saves],
-                [self._page(op.slot, op.key) for op in saves],
+            answer = self.store.write_each(
+                [op.key for op in saves], [self._page(op.slot, op.key) for op in saves]
             )
-        except Exception as exc:  # a store that raises: its pages are simply not stored
-            statuses = [StoreStatus.FATAL] * len(saves)
+        except Exception as exc:  # e.g. a key the store cannot name: simply not stored
+            settled.set_result(None)  # the call ended with its exception
+            oks = [False] * len(saves)
             self.stats.error("put", type(exc).__name__)
         else:
-            for s in statuses:
-                if not s.ok:
-                    self.stats.error("put", s.value)
-        good = sum(1 for s in statuses if s.ok)
+            settled = answer.settled
+            oks = [s.ok for s in answer.value]
+            if not answer.answered:  # timeout, stuck or closed: its pages are not stored
+                self.stats.error("put", answer.outcome.value)
+            else:
+                for s in answer.value:
+                    if not s.ok:
+                        self.stats.error("put", s.value)
+        good = sum(oks)
         self.stats.add("store_s", time.perf_counter() - t0)
         self.stats.add(
             "store_bytes",
-            sum(self._nbytes(op.key) for op, s in zip(saves, statuses, strict=True) if s.ok),
+            sum(self._nbytes(op.key) for op, ok in zip(saves, oks, strict=True) if ok),
         )
         self.stats.add("store_errors", len(saves) - good)
-        with self._lock:
-            self._events.extend(
-                Event(Op.STORE, op.key, s.ok, self._nbytes(op.key))
-                for op, s in zip(saves, statuses, strict=True)
-            )
+        # STORE ends the slots' pins: only once the store no longer reads them
+        self._report_when(
+            settled,
+            [
+                Event(Op.STORE, op.key, ok, self._nbytes(op.key))
+                for op, ok in zip(saves, oks, strict=True)
+            ],
+        )
+
+    def _report_when(self, settled: Future[Any], events: list[Event]) -> None:
+        """Report ``events`` once ``settled`` is done (at once when it is already)."""
+
+        def report(_f: Future[Any]) -> None:
+            with self._lock:
+                self._events.extend(events)
+
+        settled.add_done_callback(report)
 
     def _async_load(self, op: LoadOp) -> None:
         t0 = time.perf_counter()
@@ -400,20 +428,25 @@ class WorkerTransfers:
             from_storage.append(op.state.from_storage)
         reads = [i for i, s in enumerate(from_storage) if s]
         status: dict[int, bool] = {}
+        settled: Future[Any] | None = None  # done once the store no longer writes the slots
         if reads:
+            assert self.store is not None
             try:
-                assert self.store is not None
-                got = self.store.get(
-                    [self.store_key(keys[i]) for i in reads],
-                    [self._page(slots[i], keys[i]) for i in reads],
+                answer = self.store.read_each(
+                    [keys[i] for i in reads], [self._page(slots[i], keys[i]) for i in reads]
                 )
-                status = {i: s.ok for i, s in zip(reads, got, strict=True)}
-                for s in got:
-                    if not s.ok:
-                        self.stats.error("get", s.value)
-            except Exception as exc:
+            except Exception as exc:  # e.g. a key the store cannot name: the call ended
                 status = dict.fromkeys(reads, False)
                 self.stats.error("get", type(exc).__name__)
+            else:
+                settled = answer.settled
+                status = {i: s.ok for i, s in zip(reads, answer.value, strict=True)}
+                if not answer.answered:  # timeout, stuck or closed: a failed load, recomputed
+                    self.stats.error("get", answer.outcome.value)
+                else:
+                    for s in answer.value:
+                        if not s.ok:
+                            self.stats.error("get", s.value)
         good = 0
         while good < len(op.keys) and status.get(good, True):
             good += 1
@@ -447,7 +480,9 @@ class WorkerTransfers:
         events = [Event(Op.READ, keys[i], ok, self._nbytes(keys[i])) for i, ok in status.items()]
         # LOAD ends each slot's pin; it fails only where a copy failed (a page after a failed
         # read is fine on host, just not loaded: the READ events say which pages are broken).
-        events += [Event(Op.LOAD, k, copied) for k in keys]
+        # The read slots' LOADs wait until the store call ended (it may still write them).
+        late = settled is not None and not settled.done()
+        events += [Event(Op.LOAD, k, copied) for i, k in enumerate(keys) if not late or i not in status]
         failed = op.all_or_nothing and not whole
         with self._lock:
             self._events.extend(events)
@@ -458,6 +493,9 @@ class WorkerTransfers:
                 self._errors.update(op.blocks[good:])
                 self._errors.update(op.missing)
             self._finished.add(op.req_id)
+        if late:
+            assert settled is not None
+            self._report_when(settled, [Event(Op.LOAD, keys[i], copied) for i in reads])
 
     def _copy_pages(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         for name in self.names:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hicache.domain import CacheStateError, ConfigError, TransferError
-from hicache.domain.storage import Store, StoreKey
+from hicache.domain.storage import StoreKey
+from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.layout import Shape
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
@@ -51,7 +52,7 @@ class WorkerConnector:
         settings: ConnectorSettings,
         *,
         num_blocks: int,
-        store: Store | None,
+        store: BoundedStorage | None,
         store_key: Callable[[int, bytes], StoreKey],
         stats: ConnectorStats,
     ) -> None:
