@@ -47,13 +47,21 @@ class HangingStore(FakeStore):
         return super().exists(keys, deadline=None)
 
     def get(
-        self, keys: Sequence[StoreKey], buffers: Sequence[PageBuffer], *, deadline: float | None = None
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
     ) -> list[StoreStatus]:
         self._wait()
         return super().get(keys, buffers, deadline=None)
 
     def put(
-        self, keys: Sequence[StoreKey], buffers: Sequence[PageBuffer], *, deadline: float | None = None
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
     ) -> list[StoreStatus]:
         self._wait()
         return super().put(keys, buffers, deadline=None)
@@ -88,7 +96,8 @@ def test_calls_move_pages_by_key_and_answer_per_page(bounded: BoundedStorage) ->
     assert tier.write(keys[:2], [page(1), page(2)]).value == [True, True]
     got = [page(0), page(0), page(0)]
     answer = tier.read_each(keys, got)
-    assert answer.outcome is Outcome.ANSWERED and answer.settled.done()
+    assert answer.outcome is Outcome.ANSWERED
+    assert answer.settled.done()
     assert answer.value == [StoreStatus.OK, StoreStatus.OK, StoreStatus.MISS]
     assert bytes(got[1][0]) == bytes([2]) * 64
     assert tier.exists(keys).value == 2
@@ -132,7 +141,11 @@ def test_while_a_call_is_stuck_calls_are_refused_at_once_and_logged_once(
     tier.exists(pkeys(1))
     with structlog.testing.capture_logs() as logs:
         start = time.monotonic()
-        answers = [tier.exists(pkeys(1)), tier.write(pkeys(1), [page(1)]), tier.read(pkeys(1), [page(0)])]
+        answers = [
+            tier.exists(pkeys(1)),
+            tier.write(pkeys(1), [page(1)]),
+            tier.read(pkeys(1), [page(0)]),
+        ]
         assert time.monotonic() - start < GRACE
     assert [a.outcome for a in answers] == [Outcome.STUCK] * 3
     assert [a.value for a in answers] == [0, [False], [False]]

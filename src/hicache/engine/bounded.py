@@ -23,6 +23,7 @@ still running then keeps the store open until it returns, and never holds up int
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
 import itertools
 import math
@@ -216,9 +217,7 @@ class BoundedStorage:
         buffers registered under ``ids`` are dropped once it ended. An exception ``fn`` raises
         (bad input) is raised here."""
         with self._lock:
-            refused = (
-                Outcome.CLOSED if self._closed else Outcome.STUCK if self._stuck else None
-            )
+            refused = Outcome.CLOSED if self._closed else Outcome.STUCK if self._stuck else None
             if refused is Outcome.CLOSED:
                 self._counts["refused_closed"] += 1
             elif refused is Outcome.STUCK:
@@ -303,10 +302,10 @@ class BoundedStorage:
             if self._closed:
                 return
             self._closed = True
-        try:  # stop() only flags the loop and cancels: it returns at once
+        # stop() only flags the loop and cancels: it returns at once (RuntimeError: the loop
+        # is gone already)
+        with contextlib.suppress(RuntimeError):
             self._portal.call(self._portal.stop, True)
-        except RuntimeError:  # the loop is gone already
-            pass
         self._thread.join(self.settings.bound_s)
         with self._lock:
             now = self._loop_done
@@ -374,9 +373,7 @@ class BoundedTier:
         the store may still read them."""
         return self._move("put", False, page_keys, buffers, self.tier.write)
 
-    def write_each(
-        self, page_keys: Sequence[bytes], buffers: Buffers
-    ) -> Answer[list[StoreStatus]]:
+    def write_each(self, page_keys: Sequence[bytes], buffers: Buffers) -> Answer[list[StoreStatus]]:
         """As write, with each page's status (StorageTier.write_each)."""
         return self._move("put", StoreStatus.TRANSIENT, page_keys, buffers, self.tier.write_each)
 

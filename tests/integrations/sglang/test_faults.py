@@ -154,3 +154,22 @@ def test_get_stats_is_sglangs_storage_metrics_with_hicaches_statistics(make_back
     assert metrics.backup_bandwidth[0] > 0
     assert metrics.hicache["pools"]["kv"]["tier"]["pages_read_ok"] == 1
     assert backend.get_stats().backup_pgs == []  # drained per interval, as SGLang logs them
+
+
+def test_close_returns_within_deadline_plus_grace_while_a_store_call_hangs(
+    tmp_path: Path,
+) -> None:
+    inner = DirectoryStore(DirectorySettings(root=tmp_path / "d"))
+    stalled = Stalled(inner)
+    pool = mha_pool("page_first")
+    backend = backend_over(stalled, tmp_path, pool, deadline_s=0.3, grace_s=0.3)
+    try:
+        fill_page(pool, 0, 1)
+        assert backend.batch_set_v1(keys(1), tokens(pool, 0, 1)) == [True]
+        assert backend.batch_get_v1(keys(1), tokens(pool, 4, 1)) == [False]  # hangs, then misses
+        start = time.monotonic()
+        backend.close()  # anyio's portal exit would wait for the hung call (up to 30 s here)
+        assert time.monotonic() - start < 0.6 + 0.5
+        assert backend.batch_exists(keys(1)) == 0  # closed: a miss
+    finally:
+        stalled.release.set()

@@ -144,9 +144,7 @@ def test_a_hung_read_fails_its_load_in_time_and_keeps_its_slots_until_it_returns
     assert set(taken) - {None} == set(range(SLOTS)) - set(op.slots)
     assert taken[-1] is None  # the host tier is full: the read's slots were not evicted
     late = late_events(w, store)
-    assert sorted((e.op, e.ok, e.key) for e in late) == sorted(
-        (Op.LOAD, True, k) for k in op.keys
-    )
+    assert sorted((e.op, e.ok, e.key) for e in late) == sorted((Op.LOAD, True, k) for k in op.keys)
     # the late store call did write those slots: another page in them would have been damaged
     for key, slot in zip(op.keys, op.slots, strict=True):
         assert torch.equal(w.host[slot], stored[key])

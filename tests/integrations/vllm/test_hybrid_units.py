@@ -14,6 +14,7 @@ from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.domain import DeviceError
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import StoreKey
+from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.plan import (
     Event,
     LoadOp,
@@ -25,7 +26,6 @@ from hicache.integrations.vllm.plan import (
     state_key,
     store_key,
 )
-from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, state_rows

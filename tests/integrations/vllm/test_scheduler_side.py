@@ -8,8 +8,8 @@ import pytest
 
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import StoreKey
-from hicache.integrations.vllm.plan import Agreement, Event, Op
 from hicache.engine.bounded import BoundedStorage
+from hicache.integrations.vllm.plan import Agreement, Event, Op
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.stats import ConnectorStats
 

@@ -482,7 +482,9 @@ class WorkerTransfers:
         # read is fine on host, just not loaded: the READ events say which pages are broken).
         # The read slots' LOADs wait until the store call ended (it may still write them).
         late = settled is not None and not settled.done()
-        events += [Event(Op.LOAD, k, copied) for i, k in enumerate(keys) if not late or i not in status]
+        events += [
+            Event(Op.LOAD, k, copied) for i, k in enumerate(keys) if not late or i not in status
+        ]
         failed = op.all_or_nothing and not whole
         with self._lock:
             self._events.extend(events)
