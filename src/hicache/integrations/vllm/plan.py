@@ -12,6 +12,7 @@
 - Event / WorkerEvents: per-page outcomes a worker reports (save, store, read, load; ok or not).
 - Agreement: the scheduler's tally of reports: a page op is settled once every rank reported it;
   it succeeded only if every rank's copy did (a hit counts only where every rank has the data).
+- store_tier: the storage tier both sides call the store through (every call bounded).
 
 Plain picklable values: they cross process boundaries inside vLLM's metadata objects.
 """
@@ -19,12 +20,15 @@ Plain picklable values: they cross process boundaries inside vLLM's metadata obj
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
 from hicache.domain.keys import page_hex
+from hicache.domain.pools import PoolName
 from hicache.domain.storage import StoreKey
+from hicache.engine.bounded import BoundedStorage, BoundedTier
+from hicache.engine.storage_settings import StorageTierSettings
 
 STATE = b"state:"
 
@@ -46,6 +50,20 @@ def store_key(namespace: str, rank: int, page: bytes) -> StoreKey:
             namespace=namespace, pool=f"state-r{rank}", page_hash=page_hex(page[len(STATE) :])
         )
     return StoreKey(namespace=namespace, pool=f"kv-r{rank}", page_hash=page_hex(page))
+
+
+# Pages per store call: one call for a request of up to this many blocks (the connector made one
+# store call per request before it went through the storage tier).
+STORE_BATCH_PAGES = 1024
+
+
+def store_tier(storage: BoundedStorage, keys: Callable[[bytes], Sequence[StoreKey]]) -> BoundedTier:
+    """A bounded storage tier over ``storage`` whose page keys are named by ``keys`` (every
+    rank's key on the scheduler, its own rank's on a worker)."""
+    settings = StorageTierSettings(
+        batch_pages=STORE_BATCH_PAGES, call_deadline_s=storage.settings.deadline_s
+    )
+    return storage.tier({}, [PoolName.KV], settings, keys=keys)
 
 
 class Op(enum.Enum):

@@ -38,7 +38,6 @@ import attrs
 from hicache.domain import CacheStateError
 from hicache.domain.host_pages import HostPages
 from hicache.domain.keys import chain_keys
-from hicache.domain.pools import PoolName
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.engine.logs import get_logger
@@ -54,6 +53,7 @@ from hicache.integrations.vllm.plan import (
     StepPlan,
     is_state,
     state_key,
+    store_tier,
 )
 from hicache.integrations.vllm.stats import ConnectorStats
 
@@ -108,7 +108,7 @@ class SchedulerSide:
         self.states = HostPages(state_slots, pool=PoolName.MAMBA) if state_groups else None
         # exists of every rank's key of a page, each call bounded (a hung store is a miss)
         self.store: BoundedTier | None = (
-            store.tier({}, [PoolName.KV], keys=store_keys) if store is not None else None
+            store_tier(store, store_keys) if store is not None else None
         )
         self.store_keys = store_keys  # one key per rank
         self.write_storage = write_storage and store is not None

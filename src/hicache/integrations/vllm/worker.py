@@ -37,7 +37,6 @@ import numpy as np
 import torch
 
 from hicache.domain import DeviceError
-from hicache.domain.pools import PoolName
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.integrations.vllm.plan import (
@@ -48,6 +47,7 @@ from hicache.integrations.vllm.plan import (
     StateSave,
     StepPlan,
     is_state,
+    store_tier,
 )
 from hicache.integrations.vllm.stats import ConnectorStats
 
@@ -190,7 +190,7 @@ class WorkerTransfers:
             )
         self.state_host = torch.empty((state_slots, max(off, 1)), dtype=torch.uint8)
         self.store: BoundedTier | None = (
-            store.tier({}, [PoolName.KV], keys=lambda page: [store_key(page)])
+            store_tier(store, lambda page: [store_key(page)])
             if store is not None
             else None
         )
