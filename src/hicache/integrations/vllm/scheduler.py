@@ -38,6 +38,7 @@ import attrs
 from hicache.domain import CacheStateError
 from hicache.domain.host_pages import HostPages
 from hicache.domain.keys import chain_keys
+from hicache.domain.pools import PoolName
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.engine.logs import get_logger
