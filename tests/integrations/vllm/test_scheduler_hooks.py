@@ -17,6 +17,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 from hicache.domain import ConfigError  # noqa: E402
 from hicache.domain.keys import chain_keys  # noqa: E402
 from hicache.domain.storage import StoreKey  # noqa: E402
+from hicache.engine.bounded import BoundedStorage  # noqa: E402
 from hicache.integrations.vllm.layout import Layout, Shape  # noqa: E402
 from hicache.integrations.vllm.plan import Event, Op  # noqa: E402
 from hicache.integrations.vllm.scheduler import SchedulerSide  # noqa: E402
@@ -91,7 +92,7 @@ def connector(backend: str | None, *, store: Exists | None = None) -> SchedulerC
     return SchedulerConnector(
         shape,
         settings,
-        store=store,  # type: ignore[arg-type]
+        store=BoundedStorage(store) if store is not None else None,  # type: ignore[arg-type]
         store_keys=store_keys(1),
         stats=ConnectorStats(),
     )
