@@ -218,7 +218,7 @@ def test_bad_input_raises_in_the_calling_thread(bounded: BoundedStorage) -> None
 @pytest.mark.parametrize(
     ("field", "value"),
     [("deadline_s", 0), ("deadline_s", -1.0), ("grace_s", float("nan")), ("grace_s", float("inf")),
-     ("deadline_s", True), ("grace_s", "1")],
+     ("deadline_s", True), ("grace_s", "1"), ("deadline_s", 1e7), ("grace_s", 10**400)],
 )  # fmt: skip
 def test_settings_refuse_anything_but_finite_positive_seconds(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):

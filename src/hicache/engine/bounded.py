@@ -1,7 +1,7 @@
 """The storage tier from plain threads, every call bounded: a hung store is a miss, not a hang.
 
 - BoundedSettings: ``deadline_s`` (what one call may take) and ``grace_s`` (how much longer a
-  caller waits for a store that ignores its deadline); finite numbers > 0.
+  caller waits for a store that ignores its deadline); seconds in (0, MAX_SECONDS].
 - BoundedStorage(store, settings): one store, an event loop on a daemon thread of its own (an
   anyio blocking portal) and the stuck-call state; ``tier(...)`` builds a BoundedTier over it,
   ``statistics()``, ``stuck``, ``close()`` (bounded too; closes the store).
@@ -26,7 +26,6 @@ import concurrent.futures
 import contextlib
 import enum
 import itertools
-import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +36,7 @@ import attrs
 from anyio.from_thread import BlockingPortal
 
 from hicache.domain.errors import ConfigError
+from hicache.domain.limits import bounded_seconds
 from hicache.domain.pools import PoolName
 from hicache.domain.storage import PageBuffer, Store, StoreKey, StoreStatus
 from hicache.engine.logs import get_logger
@@ -66,13 +66,7 @@ class Answer(NamedTuple, Generic[T]):
 
 
 def _seconds(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"{attr.name}: expected a finite number of seconds > 0, got {value!r}")
+    bounded_seconds(value, attr.name, positive=True)
 
 
 @attrs.frozen(kw_only=True)

@@ -51,6 +51,8 @@ def test_directory_store_takes_its_path_as_root(tmp_path: object) -> None:
         ({"grace_s": -1}, "'grace_s'"),
         ({"grace_s": True}, "'grace_s'"),
         ({"deadline_s": "2"}, "'deadline_s'"),
+        ({"deadline_s": 1e308}, "'deadline_s'"),
+        ({"grace_s": 10**400}, "'grace_s'"),
     ],
 )
 def test_bad_key_or_value_is_refused_naming_the_key(config: dict[str, object], named: str) -> None:

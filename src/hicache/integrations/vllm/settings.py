@@ -16,7 +16,6 @@ Torch- and vLLM-free, so a bad config is refused before any memory is touched.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +24,7 @@ import attrs
 
 from hicache.bootstrap.hicache_config import HiCacheConfig
 from hicache.domain import ConfigError, StorageSettings
+from hicache.domain.limits import bounded_seconds
 
 BACKENDS = ("directory", "mooncake", "dynamic")
 WRITE_POLICIES = ("write_through", "host_only")
@@ -184,18 +184,9 @@ class ConnectorSettings:
         out["copy_backend"] = copy
         for name in ("deadline_s", "grace_s"):
             if name in config:
-                v = config[name]
-                if (
-                    isinstance(v, bool)
-                    or not isinstance(v, int | float)
-                    or not math.isfinite(v)
-                    or v <= 0
-                ):
-                    raise ConfigError(
-                        f"kv_connector_extra_config {name!r} = {v!r}: expected a finite number "
-                        "of seconds > 0"
-                    )
-                out[name] = float(v)
+                out[name] = bounded_seconds(
+                    config[name], f"kv_connector_extra_config {name!r}", positive=True
+                )
         _layer_hicache_config(config, out, os.environ if env is None else env)
         settings = cls(**out)
         if settings.storage_backend is not None:
