@@ -75,8 +75,10 @@ def test_worker_loads_and_saves_count_pages_bytes_and_durations() -> None:
     saves = [SaveOp("r", key(1), 3, 2, False), SaveOp("r", key(2), 1, 4, False)]
     w.start_step(StepPlan(saves=saves))
     w.finish_step()
+    w.wait_saves()  # saves settle off the step
     w.start_step(StepPlan(loads=[LoadOp("q", (key(1),), (3,), (5,), (False,))]))
     w.finish_step()
+    w.wait_saves()  # saves settle off the step
     w.close()
     st = w.stats.counters.statistics()
     assert st.saves == {"ok": 1, "failed": 0}
@@ -99,6 +101,7 @@ def test_a_store_miss_is_a_failed_load_and_a_get_error(tmp_path: Path) -> None:
     op = LoadOp("q", (key(1), key(2), key(3)), (1, 2, 3), (5, 6, 7), (True, True, True))
     w.start_step(StepPlan(async_loads=[op]))
     w.finish_step()
+    w.wait_saves()  # saves settle off the step
     w.close()
     st = w.stats.counters.statistics()
     assert st.loads == {"ok": 0, "failed": 1}

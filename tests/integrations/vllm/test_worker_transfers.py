@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from hicache.adapters.copy.rows import RowCopier
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.domain import DeviceError
 from hicache.domain.storage import StoreKey
@@ -49,12 +52,14 @@ def test_blocks_saved_then_loaded_into_other_blocks_are_byte_identical() -> None
     w.start_step(StepPlan(saves=[SaveOp("r", key(1), 3, 2, False)]))
     w.save_layer("layer.0")  # vLLM reports layers as they are computed
     w.finish_step()
+    w.wait_saves()  # saves settle off the step
     assert [(e.op, e.ok) for e in w.drain_events()] == [(Op.SAVE, True)]
     w.start_step(StepPlan(loads=[LoadOp("q", (key(1),), (3,), (5,), (False,))]))
     for n in c:
         w.wait_layer(n)
         assert torch.equal(c[n][5], before[n])
     w.finish_step()
+    w.wait_saves()  # saves settle off the step
     assert [(e.op, e.ok) for e in w.drain_events()] == [(Op.LOAD, True)]
     assert w.drain_errors() == set()
     w.close()
@@ -125,8 +130,10 @@ def test_both_copy_backends_move_the_same_bytes(backend: str) -> None:
         StepPlan(saves=[SaveOp("r", key(1), 3, 2, False), SaveOp("r", key(2), 0, 4, False)])
     )
     w.finish_step()
+    w.wait_saves()  # saves settle off the step
     w.start_step(StepPlan(loads=[LoadOp("q", (key(2), key(1)), (0, 3), (6, 7), (False, False))]))
     w.finish_step()
+    w.wait_saves()  # saves settle off the step
     for n in c:
         assert torch.equal(c[n][7], before[n][0])
         assert torch.equal(c[n][6], before[n][1])
@@ -136,5 +143,76 @@ def test_both_copy_backends_move_the_same_bytes(backend: str) -> None:
 def test_native_copies_of_device_memory_are_refused() -> None:
     with pytest.raises(DeviceError, match="copy_backend"):
         choose_copier("native", [torch.empty(4, 8, dtype=torch.uint8, device="meta")])
-    assert choose_copier("auto", [torch.empty(4, 8, device="meta")]).backend == "torch"
-    assert choose_copier("auto", [torch.empty(4, 8)]).backend == "native"
+    assert choose_copier("torch", [torch.empty(4, 8, device="meta")]).backend == "torch"
+    assert choose_copier("auto", [torch.empty(4, 8)]).backend == "memcpy"  # hicache's native
+    with pytest.raises(DeviceError, match="cuda_batch"):  # auto on a device: the batch copy
+        choose_copier("auto", [torch.empty(4, 8, device="meta")])
+
+
+class GatedCopier(RowCopier):
+    """hicache's memcpy rows, but device-to-host copies wait until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__("memcpy")
+        self.gate = threading.Event()
+
+    def copy(self, dst: torch.Tensor, dst_rows: Any, src: torch.Tensor, src_rows: Any) -> None:
+        if dst.shape[0] == 4:  # the host pages (4 slots): a save
+            self.gate.wait(10)
+        super().copy(dst, dst_rows, src, src_rows)
+
+
+def test_saves_do_not_block_the_step_and_settle_once_copied() -> None:
+    c = caches()
+    layers = [(n, block_rows(n, t, BLOCKS)) for n, t in c.items()]
+    copier = GatedCopier()
+    w = WorkerTransfers(
+        layers,
+        host_bytes=4 * sum(r.shape[1] for _, r in layers),
+        store=None,
+        store_key=lambda page: StoreKey(namespace="t", pool="kv-r0", page_hash=page.hex()),
+        stats=ConnectorStats(),
+        copier=copier,
+    )
+    before = {n: t[2].clone() for n, t in c.items()}
+    w.start_step(StepPlan(saves=[SaveOp("r", key(1), 3, 2, False)]))
+    w.finish_step()  # returns with every save still waiting at the gate
+    w.poll()
+    assert w.drain_events() == []  # nothing is reported before the copies ended
+    copier.gate.set()
+    w.wait_saves()
+    assert [(e.op, e.ok) for e in w.drain_events()] == [(Op.SAVE, True)]
+    w.start_step(StepPlan(loads=[LoadOp("q", (key(1),), (3,), (5,), (False,))]))
+    for n in c:
+        w.wait_layer(n)
+        assert torch.equal(c[n][5], before[n])
+    w.finish_step()
+    w.close()
+
+
+def test_the_next_step_waits_for_saves_still_reading_its_blocks() -> None:
+    c = caches()
+    layers = [(n, block_rows(n, t, BLOCKS)) for n, t in c.items()]
+    copier = GatedCopier()
+    w = WorkerTransfers(
+        layers,
+        host_bytes=4 * sum(r.shape[1] for _, r in layers),
+        store=None,
+        store_key=lambda page: StoreKey(namespace="t", pool="kv-r0", page_hash=page.hex()),
+        stats=ConnectorStats(),
+        copier=copier,
+    )
+    before = {n: t[2].clone() for n, t in c.items()}
+    w.start_step(StepPlan(saves=[SaveOp("r", key(1), 3, 2, False)]))
+    w.finish_step()
+    threading.Timer(0.2, copier.gate.set).start()
+    w.bind(StepPlan())  # vLLM's next step may overwrite block 2: the fence waits for the save
+    for t in c.values():
+        t[2].zero_()  # what the next step's compute might write into the freed block
+    w.wait_saves()
+    w.start_step(StepPlan(loads=[LoadOp("q", (key(1),), (3,), (5,), (False,))]))
+    for n in c:
+        w.wait_layer(n)
+        assert torch.equal(c[n][5], before[n])  # the page holds the bytes from before
+    w.finish_step()
+    w.close()

@@ -180,6 +180,9 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_save(self) -> None:
         self._as_worker("wait_for_save").wait_for_save()
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        self._as_worker("handle_preemptions").handle_preemptions()
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._as_worker("get_finished").get_finished()
 

@@ -43,7 +43,7 @@ KEYS = (
 )
 SOURCE = "kv_connector_extra_config"
 METRICS_MODES = ("off", "register")
-COPY_BACKENDS = ("auto", "native", "torch")
+COPY_BACKENDS = ("auto", "native", "cuda_batch", "torch")
 _GIB = 1 << 30
 # The store call bound (hicache.engine.bounded). Shorter than the SGLang backend's 10 s + 2 s:
 # the scheduler's exists runs on vLLM's scheduling thread, where every running request waits.

@@ -1,21 +1,27 @@
 """The worker side's data path: host memory, whole-block copies and store I/O (no vLLM import).
 
-- BlockLayer: one attention layer's registered cache seen as ``(num_blocks, block_bytes)``
+- block_rows: one attention layer's registered cache seen as ``(num_blocks, block_bytes)``
   uint8 rows, a view of vLLM's own tensor (no copy): vLLM's CPU and GPU caches put the block
   first and are contiguous, so a block is one row whatever order its token rows have inside.
 - state_rows: a hybrid model's state layer (Mamba / Gated DeltaNet: conv and recurrent state in
   one raw page per block, padded to vLLM's common page size) seen as ``(num_blocks,
   state_bytes)`` rows of the bytes the state really uses (a strided view, no copy).
-- HostPages: the worker's host tier, ``(slots, page_bytes)`` uint8; a page is one block of
+- HostPages: the worker's host tier, ``(slots, page_bytes)`` uint8 on a hicache host memory
+  region (anonymous; pinned on CUDA, a pinning failure is an error): a page is one block of
   every attention layer, back to back, so it is one contiguous store object. A hybrid model
   also has state slots, ``(state_slots, state_bytes)``: one state of every state layer, each
   taken from its own group's block at the boundary.
-- WorkerTransfers: runs a StepPlan. Synchronous loads copy layer by layer on a copy thread
-  (``wait_layer`` waits for one layer); saves copy layer by layer as vLLM reports each layer
-  computed and are all finished by ``finish_step`` (so vLLM may reuse the blocks at once);
-  store writes and asynchronous loads (store -> host -> device) run on a store thread.
-  ``drain_events`` / ``drain_finished`` / ``drain_errors`` give what happened since the
-  last call (the scheduler's metadata and vLLM's error hooks).
+- choose_copier: the RowCopier (hicache.adapters.copy.rows) for the ``copy_backend`` setting.
+- WorkerTransfers: runs a StepPlan on hicache's copy streams (hicache.adapters.streams: CUDA
+  streams, or the CPU worker threads). Synchronous loads are issued layer by layer on the load
+  stream, each with an event (``wait_layer`` makes vLLM's compute wait on it); saves are issued
+  on the backup stream as vLLM reports each layer computed, ordered after that layer's compute.
+  ``finish_step`` waits for nothing: a step's copies settle later (``poll``: events reported,
+  store writes started), and ``fence`` orders the next step's compute and loads after copies
+  still in flight, so vLLM may free and reuse the blocks at once. Store writes and
+  asynchronous loads (store -> host -> device) run on a store thread. ``drain_events`` /
+  ``drain_finished`` / ``drain_errors`` give what happened since the last call (the
+  scheduler's metadata and vLLM's error hooks).
 
 A failed copy or store call never raises into vLLM's forward pass: its pages are reported
 failed (the scheduler drops them) and its device blocks are reported as load errors (vLLM
@@ -27,16 +33,20 @@ scheduler never hands a slot the store may still read or write to another page.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-import numpy as np
+import attrs
 import torch
 
-from hicache.domain import DeviceError
+from hicache.adapters.copy.rows import RowCopier, row_copier
+from hicache.domain import ConfigError, DeviceError, HostMemory
+from hicache.domain.ports import Direction, Streams
+from hicache.domain.ports import Event as CopyEvent
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.integrations.vllm.plan import (
@@ -50,6 +60,14 @@ from hicache.integrations.vllm.plan import (
     store_tier,
 )
 from hicache.integrations.vllm.stats import ConnectorStats
+from hicache.integrations.vllm.worker_parts import (
+    CpuOrder,
+    CudaOrder,
+    HostRows,
+    Order,
+    host_memory_for,
+    open_worker_streams,
+)
 
 
 def block_rows(name: str, cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
@@ -91,54 +109,44 @@ def state_rows(name: str, cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
     return raw.as_strided((num_blocks, used), (row, 1), raw.storage_offset())
 
 
-class RowCopier:
-    """Copies of whole rows (blocks, pages) between two uint8 row tensors. ``torch``: torch's
-    index_select / index_copy_ (any device); ``native``: hicache's C memcpy helper
-    (hicache.adapters.copy.native) with the GIL released, CPU tensors only. On vLLM's CPU
-    backend the native copy of a 127-block host hit took 0.7 ms where torch's took 4-7 ms from
-    the copy thread (docs/vllm.md, copy_backend)."""
-
-    def __init__(self, backend: str) -> None:
-        self.backend = backend
-        self._lib = None
-        if backend == "native":
-            from hicache.adapters.copy.native import load_native
-
-            self._lib = load_native()  # NativeBuildError (a TransferError) names the cause
-
-    def copy(
-        self, dst: torch.Tensor, dst_rows: Sequence[int], src: torch.Tensor, src_rows: Sequence[int]
-    ) -> None:
-        """``dst[dst_rows[i]] = src[src_rows[i]]`` for every i (rows of equal width)."""
-        if not dst_rows:
-            return
-        if self._lib is None:
-            index = torch.tensor(list(src_rows), dtype=torch.long)
-            target = torch.tensor(list(dst_rows), dtype=torch.long)
-            dst.index_copy_(0, target, src.index_select(0, index))
-            return
-        width = int(dst.shape[1])
-        self._lib.copy(
-            np.array([dst.data_ptr()], dtype=np.int64),
-            np.array([src.data_ptr()], dtype=np.int64),
-            np.asarray(dst_rows, dtype=np.int64) * dst.stride(0),
-            np.asarray(src_rows, dtype=np.int64) * src.stride(0),
-            np.full(len(dst_rows), width, dtype=np.int64),
-        )
-
-
-def choose_copier(backend: str, caches: Sequence[torch.Tensor]) -> RowCopier:
-    """The RowCopier the ``copy_backend`` setting asks for; DeviceError for native copies of
-    device memory."""
-    on_cpu = all(t.device.type == "cpu" for t in caches)
-    if backend == "auto":
-        backend = "native" if on_cpu else "torch"
-    if backend == "native" and not on_cpu:
+def choose_copier(
+    backend: str, caches: Sequence[torch.Tensor], *, pinned: bool | None = None
+) -> RowCopier:
+    """The RowCopier the connector's ``copy_backend`` setting asks for, for caches on one
+    device: ``auto`` (memcpy on CPU, cuda_batch on CUDA), ``native`` (hicache's memcpy, CPU
+    only), ``cuda_batch`` or ``torch``. ``pinned``: whether the host pages are page-locked
+    (default: on CUDA). DeviceError where the backend does not fit the device."""
+    device = caches[0].device if caches else torch.device("cpu")
+    if any(t.device != device for t in caches):
         raise DeviceError(
-            "kv_connector_extra_config 'copy_backend' = 'native' copies CPU memory only; "
-            "vLLM's caches are on a device: use 'auto' or 'torch'"
+            f"vLLM's caches are on several devices ({sorted({str(t.device) for t in caches})}); "
+            "expected one device per worker"
         )
-    return RowCopier(backend)
+    name = {"native": "memcpy"}.get(backend, backend)
+    try:
+        return row_copier(name, device, pinned=device.type == "cuda" if pinned is None else pinned)
+    except ConfigError as exc:
+        raise DeviceError(f"kv_connector_extra_config 'copy_backend' = {backend!r}: {exc}") from exc
+
+
+@attrs.define
+class _Step:
+    """One step's copies in flight: settled (reported, stored) once every event is done."""
+
+    plan: StepPlan
+    saves: dict[str, CopyEvent] = attrs.field(factory=dict)
+    state: CopyEvent | None = None
+    loads: dict[str, CopyEvent] = attrs.field(factory=dict)
+    load_failed: list[BaseException] = attrs.field(factory=list)
+    t_load: float = 0.0  # when the loads were submitted
+    t_save: float = 0.0  # when the first save was submitted
+
+    def events(self) -> list[CopyEvent]:
+        out = [*self.saves.values(), *self.loads.values()]
+        return out + ([self.state] if self.state is not None else [])
+
+    def done(self) -> bool:
+        return all(ev.query() for ev in self.events())
 
 
 class WorkerTransfers:
@@ -156,11 +164,14 @@ class WorkerTransfers:
         state_layers: Sequence[tuple[str, int, torch.Tensor]] = (),
         state_host_bytes: int = 0,
         copier: RowCopier | None = None,
+        host_memory: HostMemory | None = None,
+        streams: tuple[Streams, Order] | None = None,
     ) -> None:
         self.rank = rank
-        self.copier = copier if copier is not None else RowCopier("torch")
         self.names = [n for n, _ in layers]
         self.rows = dict(layers)
+        first = [t for _, t in layers] + [t for _, _, t in state_layers]
+        self.device = first[0].device if first else torch.device("cpu")
         self.offsets: dict[str, tuple[int, int]] = {}
         off = 0
         for name, rows in layers:
@@ -173,7 +184,6 @@ class WorkerTransfers:
                 f"host_gib gives {host_bytes} bytes, less than one page of {self.page_bytes} "
                 "bytes (one block of every layer)"
             )
-        self.host = torch.empty((slots, self.page_bytes), dtype=torch.uint8)
         # hybrid: (name, state group position, rows) of every state layer
         self.state_layers = list(state_layers)
         self.state_offsets: dict[str, tuple[int, int]] = {}
@@ -188,7 +198,21 @@ class WorkerTransfers:
                 f"host_gib gives {state_host_bytes} bytes for states, less than one state of "
                 f"{off} bytes (every state layer)"
             )
-        self.state_host = torch.empty((state_slots, max(off, 1)), dtype=torch.uint8)
+        memory = host_memory if host_memory is not None else host_memory_for(self.device)
+        self._host = HostRows(slots, self.page_bytes, host_memory=memory, device=self.device)
+        try:
+            self._state_host = HostRows(state_slots, off, host_memory=memory, device=self.device)
+        except BaseException:
+            self._host.close()
+            raise
+        self.host = self._host.tensor
+        self.state_host = self._state_host.tensor
+        if copier is None:
+            copier = choose_copier("auto", first, pinned=self._host.pinned)
+        self.copier = copier
+        self.streams, self.order = (
+            streams if streams is not None else open_worker_streams(self.device)
+        )
         self.store: BoundedTier | None = (
             store_tier(store, lambda page: [store_key(page)])
             if store is not None
@@ -196,20 +220,16 @@ class WorkerTransfers:
         )
         self.store_key = store_key
         self.stats = stats
-        self._copy = ThreadPoolExecutor(1, thread_name_prefix="hicache-copy")
         self._io = ThreadPoolExecutor(1, thread_name_prefix="hicache-store")
         self._lock = threading.Lock()
         self._events: list[Event] = []
         self._finished: set[str] = set()
         self._failed: set[str] = set()  # hybrid loads that failed: vLLM recomputes the request
         self._errors: set[int] = set()
-        self._plan = StepPlan()
+        self._step = _Step(StepPlan())
         self._started = False
-        self._load_futs: dict[str, Future[None]] = {}
-        self._save_futs: dict[str, Future[None]] = {}
+        self._inflight: list[_Step] = []  # earlier steps whose copies are not settled yet
         self._pending_io: list[Future[None]] = []
-        self._t_load = 0.0  # when this step's synchronous loads started
-        self._t_save = 0.0  # when this step's first save copy started
 
     @property
     def slots(self) -> int:
@@ -219,12 +239,22 @@ class WorkerTransfers:
 
     def bind(self, plan: StepPlan) -> None:
         """This step's plan (vLLM binds it before the forward; saves may start at once)."""
-        self._plan = plan
+        self.poll()
+        self.fence()
+        self._step = _Step(plan)
         self._started = False
-        self._load_futs = {}
-        self._save_futs = {}
         # Hit tokens are counted by the scheduler side (SchedulerSide.build), whose stats vLLM
         # adds to the workers' (vllm/v1/core/sched/scheduler.py): counted here too they doubled.
+
+    def fence(self) -> None:
+        """Order what comes next (vLLM's compute, this worker's loads) after every device-to-
+        host copy still in flight: vLLM may have given their blocks to other requests (a
+        finished or preempted request's blocks are freed at once). On CUDA the streams wait
+        on the GPU; on the CPU the caller waits."""
+        pending = [ev for st in self._inflight for ev in (*st.saves.values(), st.state) if ev]
+        pending = [ev for ev in pending if not ev.query()]
+        if pending:
+            self.order.fence(self.streams, pending)
 
     def start_step(self, plan: StepPlan | None = None) -> None:
         """Start the bound plan's loads (binding ``plan`` first when given)."""
@@ -233,52 +263,103 @@ class WorkerTransfers:
         if self._started:
             return
         self._started = True
-        plan = self._plan
-        loads = [op for op in plan.loads if op.keys]
+        step = self._step
+        loads = [op for op in step.plan.loads if op.keys]
         if loads:
-            self._t_load = time.perf_counter()
+            step.t_load = time.perf_counter()
             slots = [s for op in loads for s in op.slots]
             blocks = [b for op in loads for b in op.blocks]
             for name in self.names:
-                self._load_futs[name] = self._copy.submit(self._to_device, name, slots, blocks)
-        for op in plan.async_loads:
+                step.loads[name] = self.streams.submit(
+                    Direction.LOAD, self._loader(step, name, slots, blocks)
+                )
+        for op in step.plan.async_loads:
             self._pending_io.append(self._io.submit(self._async_load, op))
 
     def wait_layer(self, name: str) -> None:
-        """Block until this step's synchronous loads of layer ``name`` are in place."""
-        fut = self._load_futs.get(name)
-        if fut is not None:
-            fut.exception()  # waits; an error is settled in finish_step
+        """Make vLLM's compute wait for this step's loads of layer ``name`` (CUDA: the current
+        stream waits on the load's event, the CPU goes on; CPU: the caller waits)."""
+        ev = self._step.loads.get(name)
+        if ev is not None:
+            ev.wait_current()  # an error is settled with the step
 
     def save_layer(self, name: str) -> None:
-        """vLLM computed layer ``name`` for this step: copy its saved blocks now."""
-        if self._plan.saves and name in self.rows and name not in self._save_futs:
-            if not self._save_futs:
-                self._t_save = time.perf_counter()
-            self._save_futs[name] = self._copy.submit(self._save_rows, name, self._plan.saves)
+        """vLLM computed layer ``name`` for this step: copy its saved blocks on the copy
+        stream, after the compute issued so far."""
+        step = self._step
+        if step.plan.saves and name in self.rows and name not in step.saves:
+            if not step.saves:
+                step.t_save = time.perf_counter()
+            self.streams.after_compute(Direction.BACKUP, self.order.point())
+            step.saves[name] = self.streams.submit(
+                Direction.BACKUP, lambda: self._save_rows(name, step.plan.saves)
+            )
 
     def finish_step(self) -> None:
-        """Finish this step's saves and loads; report them; start the store writes."""
-        plan = self._plan
+        """End the step without waiting for its copies: submit what is left (saves of layers
+        vLLM did not report, the states), report the loads' errors, and settle the step once
+        its copies are done (poll)."""
+        step = self._step
         self.start_step()  # vLLM calls start_load_kv after the forward when no load is sync
         for name in self.names:
             self.save_layer(name)
-        state_fut = (
-            self._copy.submit(self._save_states, plan.state_saves) if plan.state_saves else None
-        )
-        t0 = time.perf_counter()
-        state_exc = state_fut.exception() if state_fut is not None else None
+        if step.plan.state_saves:
+            self.streams.after_compute(Direction.BACKUP, self.order.point())
+            step.state = self.streams.submit(
+                Direction.BACKUP, lambda: self._save_states(step.plan.state_saves)
+            )
+        if step.loads and isinstance(self.order, CpuOrder):
+            for ev in step.loads.values():
+                ev.wait_current()  # done already: vLLM waited for each layer
+        if step.load_failed:  # vLLM recomputes the blocks (an issue failure is known at once)
+            with self._lock:
+                for op in step.plan.loads:
+                    self._errors.update(op.blocks)
+        with self._lock:
+            for op in step.plan.loads:
+                self._errors.update(op.missing)
+        if step.plan.saves or step.plan.state_saves or step.plan.loads:
+            self._inflight.append(step)
+        self._step = _Step(StepPlan())
+        self._started = False
+        self.poll()
+
+    def poll(self) -> None:
+        """Settle every earlier step whose copies are done (never waits)."""
+        done = [st for st in self._inflight if st.done()]
+        if done:
+            self._inflight = [st for st in self._inflight if st not in done]
+            for st in done:
+                self._settle(st)
+        self._pending_io = [f for f in self._pending_io if not f.done()]
+
+    def wait_saves(self) -> None:
+        """Wait (on the host) for every copy submitted so far and settle it: tests, shutdown
+        and vLLM steps without a forward."""
+        for st in list(self._inflight):
+            for ev in st.events():
+                with contextlib.suppress(Exception):  # a failure is settled (reported) below
+                    ev.synchronize()
+        self.poll()
+
+    def _settle(self, step: _Step) -> None:
+        """Report one step's copies (events, stats) and start its store writes."""
+        plan = step.plan
+        state_exc = step.state.exception() if step.state is not None else None
         if state_exc is not None:
             self.stats.error("save", type(state_exc).__name__)
-        failed_save = any(f.exception() is not None for f in self._save_futs.values())
-        failed_load = [f.exception() for f in self._load_futs.values()]
-        for exc in {type(e).__name__ for e in failed_load if e is not None}:
-            self.stats.error("load", exc)
-        for exc in {type(e).__name__ for f in self._save_futs.values() if (e := f.exception())}:
+        save_excs = [e for ev in step.saves.values() if (e := ev.exception()) is not None]
+        failed_save = bool(save_excs)
+        for exc in {type(e).__name__ for e in save_excs}:
             self.stats.error("save", exc)
+        load_excs = list(step.load_failed)
+        load_excs += [e for ev in step.loads.values() if (e := ev.exception()) is not None]
+        for exc in {type(e).__name__ for e in load_excs}:
+            self.stats.error("load", exc)
         events: list[Event] = []
+        save_s = sum(ev.elapsed_s() or 0.0 for ev in step.saves.values())
         if plan.saves:
-            self.stats.add("save_s", time.perf_counter() - t0)
+            self.stats.add("save_s", save_s)
         for save in plan.saves:
             events.append(Event(Op.SAVE, save.key, not failed_save, self.page_bytes))
             if save.store and (failed_save or self.store is None):
@@ -287,7 +368,7 @@ class WorkerTransfers:
             self.stats.save(
                 pages=0 if failed_save else len(plan.saves),
                 nbytes=0 if failed_save else self.page_bytes * len(plan.saves),
-                seconds=time.perf_counter() - self._t_save,
+                seconds=time.perf_counter() - step.t_save,
                 ok=not failed_save,
             )
         if plan.saves and not failed_save:
@@ -308,38 +389,37 @@ class WorkerTransfers:
                 self._pending_io.append(self._io.submit(self._store_pages, stored_states))
         elif plan.state_saves:
             self.stats.add("save_errors", len(plan.state_saves))
-        ok = not any(e is not None for e in failed_load)
-        errors: set[int] = set()
+        ok = not load_excs  # vLLM was told of the failed blocks when the step ended
         for op in plan.loads:
             events.extend(Event(Op.LOAD, k, ok, self.page_bytes) for k in op.keys)
-            errors.update(op.missing)
-            if not ok:
-                errors.update(op.blocks)
         n = sum(len(op.keys) for op in plan.loads)
         if n:
+            self.stats.add("load_s", sum(ev.elapsed_s() or 0.0 for ev in step.loads.values()))
             self.stats.add("load_bytes" if ok else "load_errors", self.page_bytes * n if ok else n)
             self.stats.load(
                 pages=n if ok else 0,
                 nbytes=self.page_bytes * n if ok else 0,
-                seconds=time.perf_counter() - self._t_load,
+                seconds=time.perf_counter() - step.t_load,
                 ok=ok,
             )
         with self._lock:
             self._events.extend(events)
-            self._errors |= errors
-        self._plan = StepPlan()
-        self._started = False
-        self._load_futs = {}
-        self._save_futs = {}
-        self._pending_io = [f for f in self._pending_io if not f.done()]
 
-    # ---- the copies (copy thread) --------------------------------------------------------
+    # ---- the copies (issued on the copy streams) -----------------------------------------
 
-    def _to_device(self, name: str, slots: Sequence[int], blocks: Sequence[int]) -> None:
-        t0 = time.perf_counter()
+    def _loader(
+        self, step: _Step, name: str, slots: Sequence[int], blocks: Sequence[int]
+    ) -> Callable[[], None]:
         off, size = self.offsets[name]
-        self.copier.copy(self.rows[name], blocks, self.host.narrow(1, off, size), slots)
-        self.stats.add("load_s", time.perf_counter() - t0)
+
+        def load() -> None:
+            try:
+                self.copier.copy(self.rows[name], blocks, self.host.narrow(1, off, size), slots)
+            except BaseException as exc:
+                step.load_failed.append(exc)
+                raise
+
+        return load
 
     def _save_rows(self, name: str, saves: Sequence[SaveOp]) -> None:
         off, size = self.offsets[name]
@@ -357,10 +437,38 @@ class WorkerTransfers:
             blocks = [op.blocks[group] for op in saves]
             self.copier.copy(self.state_host.narrow(1, off, size), slots, rows, blocks)
 
+    def _to_device_now(self, work: Callable[[], None]) -> None:
+        """Host-to-device copies off vLLM's step (store thread): on the load stream, after
+        the saves in flight, waited for here."""
+        if isinstance(self.order, CudaOrder):
+            backup = self.streams.stream(Direction.BACKUP)  # type: ignore[attr-defined]
+            self.streams.after_compute(Direction.LOAD, backup)
+        else:
+            with self._lock:
+                inflight = list(self._inflight)
+            for st in inflight:
+                for ev in (*st.saves.values(), st.state):
+                    if ev is not None:
+                        ev.wait_current()
+        self.streams.submit(Direction.LOAD, work).synchronize()
+
     def _load_state(self, slot: int, blocks: Sequence[int]) -> None:
-        for name, group, rows in self.state_layers:
-            off, size = self.state_offsets[name]
-            self.copier.copy(rows, [blocks[group]], self.state_host.narrow(1, off, size), [slot])
+        def work() -> None:
+            for name, group, rows in self.state_layers:
+                off, size = self.state_offsets[name]
+                self.copier.copy(
+                    rows, [blocks[group]], self.state_host.narrow(1, off, size), [slot]
+                )
+
+        self._to_device_now(work)
+
+    def _copy_pages(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
+        def work() -> None:
+            for name in self.names:
+                off, size = self.offsets[name]
+                self.copier.copy(self.rows[name], blocks, self.host.narrow(1, off, size), slots)
+
+        self._to_device_now(work)
 
     # ---- store I/O (store thread) --------------------------------------------------------
 
@@ -499,11 +607,6 @@ class WorkerTransfers:
             assert settled is not None
             self._report_when(settled, [Event(Op.LOAD, keys[i], copied) for i in reads])
 
-    def _copy_pages(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
-        for name in self.names:
-            off, size = self.offsets[name]
-            self.copier.copy(self.rows[name], blocks, self.host.narrow(1, off, size), slots)
-
     # ---- reports -------------------------------------------------------------------------
 
     def drain_events(self) -> list[Event]:
@@ -538,11 +641,15 @@ class WorkerTransfers:
             wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
 
     def wait_idle(self) -> None:
-        """Wait for every store write and asynchronous load started so far."""
+        """Wait for every copy, store write and asynchronous load started so far."""
+        self.wait_saves()
         for f in list(self._pending_io):
             f.exception()
+        self.poll()
 
     def close(self) -> None:
         self.wait_idle()
-        self._copy.shutdown(wait=True)
         self._io.shutdown(wait=True)
+        self.streams.close()
+        self._host.close()
+        self._state_host.close()

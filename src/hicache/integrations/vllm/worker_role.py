@@ -3,7 +3,8 @@
 - WorkerConnector.register(kv_caches, rank): checks vLLM's registered caches against the
   Layout and builds the rank's WorkerTransfers (host memory, copies, store I/O).
 - bind / start_load_kv / wait_for_layer_load / save_kv_layer / wait_for_save: one step's plan
-  run around vLLM's forward pass; get_finished, get_transfer_results,
+  run around vLLM's forward pass (wait_for_save waits for no copy); handle_preemptions orders
+  the next step after the saves still in flight; get_finished, get_transfer_results,
   get_block_ids_with_load_errors and build_connector_worker_meta report what happened.
 
 Reference: vllm/distributed/kv_transfer/kv_connector/v1/base.py (the worker-side methods),
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hicache.adapters.copy.rows import RowCopier
 from hicache.domain import CacheStateError, ConfigError, TransferError
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage
@@ -26,7 +28,6 @@ from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
 from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.worker import (
-    RowCopier,
     WorkerTransfers,
     block_rows,
     choose_copier,
@@ -97,6 +98,7 @@ class WorkerConnector:
                     f"block; vLLM's state spec says {nbytes}"
                 )
             states.append((name, pos, rows))
+        caches = [rows for _, rows in layers] + [rows for _, _, rows in states]
         self._transfers = WorkerTransfers(
             layers,
             host_bytes=self.shape.host_slots * self.shape.page_bytes,
@@ -106,13 +108,13 @@ class WorkerConnector:
             rank=rank,
             state_layers=states,
             state_host_bytes=self.shape.state_host_bytes,
-            copier=self._copier([rows for _, rows in layers]),
+            copier=self._copier(caches),
         )
 
     def _copier(self, caches: list[torch.Tensor]) -> RowCopier:
         try:
             return choose_copier(self.settings.copy_backend, caches)
-        except TransferError as exc:  # the native helper could not be built here
+        except TransferError as exc:  # the native helper or the CUDA driver cannot run here
             raise ConfigError(
                 f"kv_connector_extra_config 'copy_backend' = {self.settings.copy_backend!r}: "
                 f"{exc}; set 'copy_backend': 'torch' to copy with torch"
@@ -132,8 +134,9 @@ class WorkerConnector:
             return
         t.start_step()
         if getattr(forward_context, "attn_metadata", True) is None:
-            # a step with no forward (vLLM's kv_connector_no_forward): nothing to overlap,
-            # so let the store thread run (see WorkerTransfers.wait_pending)
+            # a step with no forward (vLLM's kv_connector_no_forward): nothing to overlap, so
+            # settle the copies in flight and let the store thread run (wait_pending)
+            t.wait_saves()
             t.wait_pending(IDLE_WAIT_S)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -145,18 +148,28 @@ class WorkerConnector:
             self._transfers.save_layer(layer_name)
 
     def wait_for_save(self) -> None:
+        # Submits what is left of the step; waits for no copy (WorkerTransfers.finish_step).
         if self._transfers is not None:
             self._transfers.finish_step()
+
+    def handle_preemptions(self) -> None:
+        # Before vLLM overwrites blocks it freed (preempted or finished requests): later
+        # compute and loads wait for the saves still reading them (WorkerTransfers.fence).
+        if self._transfers is not None:
+            self._transfers.poll()
+            self._transfers.fence()
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         if self._transfers is None:
             return None, None
+        self._transfers.poll()
         return None, self._transfers.drain_finished() or None
 
     def get_transfer_results(self, results: type[KVConnectorTransferResults]) -> Any:
         t = self._transfers
         if t is None:
             return results()
+        t.poll()
         failed = t.drain_failed()
         return results(finished_recving=t.drain_finished() | failed, failed_recving=failed)
 
@@ -166,6 +179,7 @@ class WorkerConnector:
     def build_connector_worker_meta(self) -> HiCacheWorkerMetadata | None:
         if self._transfers is None:
             return None
+        self._transfers.poll()
         events = self._transfers.drain_events()
         return HiCacheWorkerMetadata(WorkerEvents(events)) if events else None
 
