@@ -10,6 +10,8 @@
 - bench soak: random cache operations with injected faults; leak and byte checks
   (hicache.cli.bench_soak).
 - bench vllm: TTFT of a real vLLM with HiCacheConnector (hicache.cli.bench_vllm; needs vLLM).
+- bench vllm-worker: the connector's worker copies and compute slowed by saves, CPU and CUDA
+  (hicache.cli.bench_worker; no vLLM).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def register(sub: Any) -> None:
         bench_soak,
         bench_storage,
         bench_vllm,
+        bench_worker,
     )
 
     p = sub.add_parser(
@@ -50,3 +53,4 @@ def register(sub: Any) -> None:
     bench_scale.register(inner)
     bench_soak.register(inner)
     bench_vllm.register(inner)
+    bench_worker.register(inner)

@@ -8,6 +8,8 @@ test_worker_gpu.py.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -207,3 +209,17 @@ def test_the_next_step_is_fenced_after_saves_in_flight() -> None:
     w.poll()
     assert [(e.op, e.ok) for e in w.drain_events()] == [(Op.SAVE, True)]
     w.close()
+
+
+def test_the_worker_side_imports_without_vllm() -> None:
+    """scripts/gpu-check runs the worker's gpu tests on machines without vLLM."""
+    code = (
+        "import sys; sys.modules['vllm'] = None\n"
+        "import hicache.integrations.vllm.worker, hicache.integrations.vllm.worker_parts\n"
+        "import hicache.integrations.vllm.worker_bench\n"
+        "assert sys.modules['vllm'] is None\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
