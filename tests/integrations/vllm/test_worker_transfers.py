@@ -11,7 +11,7 @@ import torch
 
 from hicache.adapters.copy.rows import RowCopier
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
-from hicache.domain import DeviceError
+from hicache.domain import DeviceError, TransferError
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.plan import LoadOp, Op, SaveOp, StepPlan
@@ -215,4 +215,53 @@ def test_the_next_step_waits_for_saves_still_reading_its_blocks() -> None:
         w.wait_layer(n)
         assert torch.equal(c[n][5], before[n])  # the page holds the bytes from before
     w.finish_step()
+    w.close()
+
+
+class FailingCopier(RowCopier):
+    """hicache's memcpy rows; copies into ``fail_into`` rows raise (a failing copy engine)."""
+
+    def __init__(self, fail_rows: int) -> None:
+        super().__init__("memcpy")
+        self.fail_rows = fail_rows
+
+    def copy(self, dst: torch.Tensor, dst_rows: Any, src: torch.Tensor, src_rows: Any) -> None:
+        if dst.shape[0] == self.fail_rows:
+            raise TransferError("injected copy failure")
+        super().copy(dst, dst_rows, src, src_rows)
+
+
+def failing(c: dict[str, torch.Tensor], fail_rows: int) -> WorkerTransfers:
+    layers = [(n, block_rows(n, t, BLOCKS)) for n, t in c.items()]
+    return WorkerTransfers(
+        layers,
+        host_bytes=4 * sum(r.shape[1] for _, r in layers),
+        store=None,
+        store_key=lambda page: StoreKey(namespace="t", pool="kv-r0", page_hash=page.hex()),
+        stats=ConnectorStats(),
+        copier=FailingCopier(fail_rows),
+    )
+
+
+def test_a_failed_save_copy_is_reported_failed_and_fences_nothing_forever() -> None:
+    w = failing(caches(), fail_rows=4)  # copies into the 4 host slots fail
+    w.start_step(StepPlan(saves=[SaveOp("r", key(1), 3, 2, True)]))
+    w.finish_step()
+    w.bind(StepPlan())  # the fence returns: a failed copy is a finished one
+    w.wait_saves()
+    got = sorted((e.op.value, e.ok) for e in w.drain_events())
+    assert got == [("save", False), ("store", False)]  # the scheduler frees the slot's pins
+    assert w.stats.take()["save_errors"] == 1
+    w.close()
+
+
+def test_a_failed_load_copy_reports_its_blocks_when_the_step_ends() -> None:
+    w = failing(caches(), fail_rows=BLOCKS)  # copies into vLLM's blocks fail
+    w.start_step(StepPlan(loads=[LoadOp("q", (key(1), key(2)), (0, 1), (5, 6), (False, False))]))
+    for n in w.names:
+        w.wait_layer(n)
+    w.finish_step()
+    assert w.drain_errors() == {5, 6}  # vLLM recomputes them in this very step's output
+    w.wait_saves()
+    assert sorted((e.op.value, e.ok) for e in w.drain_events()) == [("load", False)] * 2
     w.close()
