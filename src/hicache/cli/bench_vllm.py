@@ -3,7 +3,8 @@ own prefix cache and vLLM's ExampleConnector (hicache.integrations.vllm.bench; i
 when the command runs, so the cli never needs vLLM).
 
 JSON: {"model", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache", "hicache_host",
-"hicache_storage", "example_connector"}, "ratios", "hit_tokens", "tokens_identical"}.
+"hicache_storage", "example_connector"}, "ratios", "decode_ms_per_token": {"no_connector",
+"hicache_save_decode"}, "hit_tokens", "tokens_identical"}.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Every cached configuration also generates ``--tokens`` greedy tokens from its ca
 ``tokens_identical`` is true only if all of them equal recompute's. The multi-turn workload
 (``hit_tokens.multi_turn_host``): turn 2 = turn 1's prompt + its 48-token reply + 64 new
 tokens; hicache's hit covers the reply's full block too (save_decode): 4,128 of 4,208 tokens. Ratios are computed from medians of ``--repeats`` timed runs.
+
+Decode (``decode_ms_per_token``): per-token decode time of 128 greedy tokens after a prefix hit,
+without a connector (the vllm_prefix_cache instance) and with HiCacheConnector saving every
+decode block (save_decode; the hicache_host instance): (generate 128 - generate 1) / 127.
 """
 
 from __future__ import annotations
@@ -166,7 +170,23 @@ def run_bench(
         ms = (time.perf_counter() - t0) * 1000
         return ms, list(out.outputs[0].token_ids), int(out.num_cached_tokens or 0)
 
+    decode_tokens = 4 * BLOCK
+
+    def decode_ms(llm: Any) -> float:
+        """Per-token decode time after a prefix hit, median of ``repeats``: (generate
+        ``decode_tokens`` - generate one) / (``decode_tokens`` - 1), each repeat on a prompt
+        with a new last token, so every decode block is new (saved again with save_decode)."""
+        params = SamplingParams(temperature=0.0, max_tokens=decode_tokens, ignore_eos=True)
+        runs = []
+        for _ in range(repeats):
+            ids = [*prompt, rng.randrange(1, 1000)]
+            many_ms = gen(llm, ids, params)[0]
+            one_ms = gen(llm, ids, one)[0]
+            runs.append((many_ms - one_ms) / (decode_tokens - 1))
+        return statistics.median(runs)
+
     ttft: dict[str, float] = {}
+    decode: dict[str, float] = {}
     hits: dict[str, int] = {}
     outputs: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory(prefix="hicache-bench-vllm-") as tmp:
@@ -198,12 +218,14 @@ def run_bench(
         llm.reset_prefix_cache()
         outputs["recompute"] = gen(llm, prompt, many)[1]
         timed(llm, "vllm_prefix_cache", reset=False)
+        decode["no_connector"] = decode_ms(llm)
         del llm
 
         extra = {"host_gib": host_gib, "storage_backend": "directory", "storage_path": str(store)}
         llm = _llm(folder, "HiCacheConnector", extra)
         gen(llm, prompt, one)  # fills host and store
         timed(llm, "hicache_host", reset=True)
+        decode["hicache_save_decode"] = decode_ms(llm)
         # a chat: turn 1 replies 48 tokens (a decode block fills and is saved), turn 2 sends
         # the whole conversation plus 64 new tokens after vLLM's prefix cache was reset
         reply = gen(llm, prompt, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))[1]
@@ -249,7 +271,11 @@ def run_bench(
             "hicache_host_vs_example_connector": (
                 round(ttft["hicache_host"] / example_ms, 3) if example_ms else None
             ),
+            "decode_with_saves_vs_no_connector": round(
+                decode["hicache_save_decode"] / decode["no_connector"], 3
+            ),
         },
+        "decode_ms_per_token": {k: round(v, 2) for k, v in decode.items()},
         "hit_tokens": hits,
         "tokens_identical": all(v == base for v in outputs.values()),
     }
