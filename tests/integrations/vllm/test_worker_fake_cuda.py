@@ -122,7 +122,7 @@ def worker(
         stats=ConnectorStats(),
         state_layers=states,
         state_host_bytes=4 * states[0][2].shape[1],
-        copier=choose_copier("torch", [r for _, r in layers]),
+        copier=choose_copier("torch", [r for _, r in layers], pinned=False),  # UNPINNED host
         host_memory=UNPINNED,
         streams=(streams, LoggedOrder(streams.log)),  # type: ignore[arg-type]
     )

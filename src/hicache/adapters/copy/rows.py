@@ -3,7 +3,9 @@
 - RowCopier: ``copy(dst, dst_rows, src, src_rows)``: ``dst[dst_rows[i]] = src[src_rows[i]]``;
   one backend each: "memcpy" (CPU: hicache's native batched memcpy, GIL released), "cuda_batch"
   (NVIDIA: every row in one cuMemcpyBatchAsync on the current stream, pinned host rows),
-  "torch" (index_select / index_copy_ with the indices on each tensor's own device, any device).
+  "torch" (any device: between pinned host rows and a device one asynchronous copy_ per run of
+  rows consecutive on both sides; otherwise index_select / index_copy_ with each side's
+  indices on its own device, synchronous with pageable host memory).
 - row_copier(name, device, pinned): the backend for a copy setting; ``auto`` takes the measured
   default of hicache.adapters.copy.transfer.default_backend (memcpy on CPU, cuda_batch on an
   NVIDIA GPU, torch on ROCm). A backend that cannot run here is a TransferError naming the
@@ -46,13 +48,16 @@ def _check_rows(dst: torch.Tensor, src: torch.Tensor) -> int:
 class RowCopier:
     """Copies whole rows with one backend (see the module docstring)."""
 
-    def __init__(self, backend: str, device: torch.device | None = None) -> None:
+    def __init__(
+        self, backend: str, device: torch.device | None = None, *, pinned: bool = False
+    ) -> None:
         if backend not in ROW_BACKENDS:
             raise ConfigError(
                 f"unknown row copy backend {backend!r}: expected one of {', '.join(ROW_BACKENDS)}"
             )
         self.backend = backend
         self.device = device
+        self.pinned = pinned
         self._lib = load_native() if backend == "memcpy" else None  # NativeBuildError names why
         self._index = 0
         if backend == "cuda_batch":
@@ -80,7 +85,7 @@ class RowCopier:
         if not dst_rows:
             return
         if self.backend == "torch":
-            self._torch(dst, dst_rows, src, src_rows)
+            self._torch(dst, dst_rows, src, src_rows, pinned=self.pinned)
             return
         d_off = np.asarray(dst_rows, dtype=np.int64) * dst.stride(0)
         s_off = np.asarray(src_rows, dtype=np.int64) * src.stride(0)
@@ -115,19 +120,42 @@ class RowCopier:
 
     @staticmethod
     def _torch(
-        dst: torch.Tensor, dst_rows: Sequence[int], src: torch.Tensor, src_rows: Sequence[int]
+        dst: torch.Tensor,
+        dst_rows: Sequence[int],
+        src: torch.Tensor,
+        src_rows: Sequence[int],
+        *,
+        pinned: bool,
     ) -> None:
-        pin = dst.device.type == "cuda" or src.device.type == "cuda"
+        if dst.device != src.device and pinned:
+            # pinned host <-> device: one asynchronous copy_ per run of rows consecutive on
+            # both sides, straight between the two tensors (no host temporary to read early)
+            for d, s, n in _runs(dst_rows, src_rows):
+                dst[d : d + n].copy_(src[s : s + n], non_blocking=True)
+            return
+        # one device, or pageable host memory (whose copies are synchronous anyway): gather on
+        # the source's device, move, scatter with the indices on the destination's device
         index = torch.tensor(list(src_rows), dtype=torch.long)
         target = torch.tensor(list(dst_rows), dtype=torch.long)
         if src.device.type != "cpu":
-            index = index.to(src.device, non_blocking=pin)
+            index = index.to(src.device)
         if dst.device.type != "cpu":
-            target = target.to(dst.device, non_blocking=pin)
+            target = target.to(dst.device)
         rows = src.index_select(0, index)
         if rows.device != dst.device:
-            rows = rows.to(dst.device, non_blocking=pin)
+            rows = rows.to(dst.device)
         dst.index_copy_(0, target, rows)
+
+
+def _runs(dst_rows: Sequence[int], src_rows: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(dst start, src start, length) of the maximal runs consecutive on both sides."""
+    out: list[tuple[int, int, int]] = []
+    for d, s in zip(dst_rows, src_rows, strict=True):
+        if out and out[-1][0] + out[-1][2] == d and out[-1][1] + out[-1][2] == s:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((int(d), int(s), 1))
+    return out
 
 
 def row_copier(name: str, device: torch.device, *, pinned: bool) -> RowCopier:
@@ -159,7 +187,7 @@ def row_copier(name: str, device: torch.device, *, pinned: bool) -> RowCopier:
                 "row copy backend 'cuda_batch' needs pinned host rows (a batch from pageable "
                 "memory is not asynchronous): pin the host memory or choose 'torch'"
             )
-    return RowCopier(name, device)
+    return RowCopier(name, device, pinned=pinned)
 
 
 __all__ = ["ROW_BACKENDS", "RowCopier", "row_copier"]
