@@ -40,21 +40,19 @@ def run(args: argparse.Namespace) -> int:
     layers = count_option("layers", args.layers, 512)
     blocks = count_option("blocks", args.blocks, 1 << 16)
     repeats = count_option("repeats", args.repeats, MAX_REPEATS)
-    import torch
-
-    from hicache.integrations.vllm.worker_bench import run_worker_bench
+    from hicache.integrations.vllm.worker_bench import cuda_status, run_worker_bench
 
     doc: dict[str, Any] = {
         "cpu": run_worker_bench(
             "cpu", layers=layers, blocks=blocks, repeats=repeats, layer_ms=args.layer_ms
         )
     }
-    if torch.cuda.is_available() and torch.version.hip is None:
+    gpu, why = cuda_status()
+    if gpu:
         doc["cuda"] = run_worker_bench(
             "cuda", layers=layers, blocks=blocks, repeats=repeats, layer_ms=args.layer_ms
         )
     else:
-        why = "no CUDA GPU visible to torch: the GPU part was skipped"
         doc["cuda"] = {"skipped": why}
         print(f"hicache bench vllm-worker: {why}", file=sys.stderr)
     if args.json:

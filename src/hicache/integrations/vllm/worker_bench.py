@@ -34,6 +34,18 @@ COPY_TARGET = 0.8
 SLOWDOWN_TARGET = 0.03
 
 
+def cuda_status() -> tuple[bool, str]:
+    """(whether the CUDA part can run here, why not)."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU visible to torch: the GPU part was skipped"
+    if torch.version.hip is not None:
+        return (
+            False,
+            "a ROCm build of torch: the GPU part (CUDA streams, pinned copies) was skipped",
+        )
+    return True, ""
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -216,4 +228,4 @@ def run_worker_bench(
     }
 
 
-__all__ = ["COPY_TARGET", "SLOWDOWN_TARGET", "run_worker_bench"]
+__all__ = ["COPY_TARGET", "SLOWDOWN_TARGET", "cuda_status", "run_worker_bench"]
