@@ -1,17 +1,12 @@
 """The worker side's data path: host memory, whole-block copies and store I/O (no vLLM import).
 
-- block_rows: one attention layer's registered cache seen as ``(num_blocks, block_bytes)``
-  uint8 rows, a view of vLLM's own tensor (no copy): vLLM's CPU and GPU caches put the block
-  first and are contiguous, so a block is one row whatever order its token rows have inside.
-- state_rows: a hybrid model's state layer (Mamba / Gated DeltaNet: conv and recurrent state in
-  one raw page per block, padded to vLLM's common page size) seen as ``(num_blocks,
-  state_bytes)`` rows of the bytes the state really uses (a strided view, no copy).
+- block_rows, state_rows, choose_copier: re-exported from hicache.integrations.vllm.block_rows
+  (vLLM's caches as whole-block byte rows; the copier of the ``copy_backend`` setting).
 - HostPages: the worker's host tier, ``(slots, page_bytes)`` uint8 on a hicache host memory
   region (anonymous; pinned on CUDA, a pinning failure is an error): a page is one block of
   every attention layer, back to back, so it is one contiguous store object. A hybrid model
   also has state slots, ``(state_slots, state_bytes)``: one state of every state layer, each
   taken from its own group's block at the boundary.
-- choose_copier: the RowCopier (hicache.adapters.copy.rows) for the ``copy_backend`` setting.
 - WorkerTransfers: runs a StepPlan on hicache's copy streams (hicache.adapters.streams: CUDA
   streams, or the CPU worker threads). Synchronous loads are issued layer by layer on the load
   stream, each with an event (``wait_layer`` makes vLLM's compute wait on it); saves are issued
@@ -43,12 +38,13 @@ from typing import Any
 import attrs
 import torch
 
-from hicache.adapters.copy.rows import RowCopier, row_copier
-from hicache.domain import ConfigError, DeviceError, HostMemory
+from hicache.adapters.copy.rows import RowCopier
+from hicache.domain import DeviceError, HostMemory
 from hicache.domain.ports import Direction, Streams
 from hicache.domain.ports import Event as CopyEvent
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage, BoundedTier
+from hicache.integrations.vllm.block_rows import block_rows, choose_copier, state_rows
 from hicache.integrations.vllm.plan import (
     Event,
     LoadOp,
@@ -68,65 +64,6 @@ from hicache.integrations.vllm.worker_parts import (
     host_memory_for,
     open_worker_streams,
 )
-
-
-def block_rows(name: str, cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """``cache`` as ``(num_blocks, block_bytes)`` uint8 rows (a view); DeviceError otherwise."""
-    if cache.dim() < 2 or cache.shape[0] != num_blocks or not cache.is_contiguous():
-        raise DeviceError(
-            f"vLLM cache of layer {name!r}: shape {tuple(cache.shape)}, contiguous="
-            f"{cache.is_contiguous()}; expected a contiguous tensor with the {num_blocks} "
-            "blocks first (HiCacheConnector copies whole blocks)"
-        )
-    return cache.view(torch.uint8).view(num_blocks, -1)
-
-
-def state_rows(name: str, cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """A state layer's ``cache`` as ``(num_blocks, used_bytes)`` uint8 rows (a strided view
-    skipping each block's padding); DeviceError where a block's bytes are not one run."""
-    inner = cache.shape[1:]
-    expected, step = [], 1
-    for size in reversed(inner):
-        expected.append(step)
-        step *= size
-    dense_inner = all(  # a dimension of size 1 may have any stride
-        size == 1 or stride == want
-        for size, stride, want in zip(inner, cache.stride()[1:], reversed(expected), strict=True)
-    )
-    if cache.dim() < 2 or cache.shape[0] != num_blocks or not dense_inner:
-        raise DeviceError(
-            f"vLLM state cache of layer {name!r}: shape {tuple(cache.shape)}, stride "
-            f"{cache.stride()}; expected the {num_blocks} blocks first, each one run of bytes"
-        )
-    used = step * cache.element_size()
-    row = cache.stride(0) * cache.element_size()
-    raw = cache.view(torch.uint8) if cache.element_size() == 1 else None
-    if raw is None:
-        raise DeviceError(
-            f"vLLM state cache of layer {name!r} has dtype {cache.dtype}; expected vLLM's raw "
-            "byte pages (int8 or uint8)"
-        )
-    return raw.as_strided((num_blocks, used), (row, 1), raw.storage_offset())
-
-
-def choose_copier(
-    backend: str, caches: Sequence[torch.Tensor], *, pinned: bool | None = None
-) -> RowCopier:
-    """The RowCopier the connector's ``copy_backend`` setting asks for, for caches on one
-    device: ``auto`` (memcpy on CPU, cuda_batch on CUDA), ``native`` (hicache's memcpy, CPU
-    only), ``cuda_batch`` or ``torch``. ``pinned``: whether the host pages are page-locked
-    (default: on CUDA). DeviceError where the backend does not fit the device."""
-    device = caches[0].device if caches else torch.device("cpu")
-    if any(t.device != device for t in caches):
-        raise DeviceError(
-            f"vLLM's caches are on several devices ({sorted({str(t.device) for t in caches})}); "
-            "expected one device per worker"
-        )
-    name = {"native": "memcpy"}.get(backend, backend)
-    try:
-        return row_copier(name, device, pinned=device.type == "cuda" if pinned is None else pinned)
-    except ConfigError as exc:
-        raise DeviceError(f"kv_connector_extra_config 'copy_backend' = {backend!r}: {exc}") from exc
 
 
 @attrs.define
@@ -653,3 +590,6 @@ class WorkerTransfers:
         self.streams.close()
         self._host.close()
         self._state_host.close()
+
+
+__all__ = ["WorkerTransfers", "block_rows", "choose_copier", "state_rows"]
