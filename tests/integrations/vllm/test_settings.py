@@ -76,3 +76,8 @@ def test_every_store_call_is_bounded_by_deadline_plus_grace() -> None:
     assert (s.deadline_s, s.grace_s) == (2.0, 1.0)
     s = ConnectorSettings.from_extra_config({"deadline_s": 5, "grace_s": 0.5})
     assert s.bounds() == {"deadline_s": 5.0, "grace_s": 0.5}
+
+
+@pytest.mark.parametrize("backend", ["auto", "native", "cuda_batch", "torch"])
+def test_every_copy_backend_of_the_worker_is_accepted(backend: str) -> None:
+    assert ConnectorSettings.from_extra_config({"copy_backend": backend}).copy_backend == backend
