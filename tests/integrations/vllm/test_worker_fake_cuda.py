@@ -157,6 +157,9 @@ def test_a_step_of_loads_and_saves_on_cuda_caches_mixes_no_devices() -> None:
             w.save_layer(name)
         w.finish_step()
     assert [e for e in streams.log if e[0] == "error"] == []  # no copy raised (device mixing)
+    # the loads come after vLLM's compute so far (its zeroing of the new blocks)
+    first_load = streams.log.index(next(e for e in streams.log if e[:2] == ("submit", "load")))
+    assert any(e[:2] == ("after_compute", "load") for e in streams.log[:first_load])
     loads = [e for e in streams.log if e[:2] == ("submit", "load")]
     assert len(loads) == len(names)  # one load per layer, each with its own event
     # every layer's load was waited for through its event (compute waits, no host sync)

@@ -75,15 +75,16 @@ def test_saves_read_each_layer_after_its_compute_and_loads_restore_bytes_exactly
             kv[name][:4].fill_(float(i + 1))  # this layer's compute writes the blocks
             w.save_layer(name)  # ordered after the fill, on the backup stream
         w.finish_step()  # returns at once: nothing waited on the host
-    expected = {n: t[:4].clone() for n, t in kv.items()}
-    expected_state = state[7].clone()
+    # what each layer's compute wrote (a save that ran before it would hold the random bytes)
+    expected = {n: torch.full_like(t[:4], float(i + 1)) for i, (n, t) in enumerate(kv.items())}
+    expected_state = state[7].clone()  # written by no compute: same stream as its creation
     w.wait_saves()
     events = w.drain_events()
     assert all(e.ok for e in events)
     assert {e.op for e in events} == {Op.SAVE}
     with torch.cuda.stream(compute):
         for t in kv.values():
-            t[10:14].zero_()
+            t[10:14].zero_()  # vLLM zeroing new blocks on its stream: the loads come after
         state[9].zero_()
         w.bind(
             StepPlan(

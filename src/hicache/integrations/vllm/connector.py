@@ -244,9 +244,9 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def get_external_cache_hit_sources(
         self, request: Request, num_external_tokens: int
     ) -> dict[CacheHitSource, int]:
-        return self._as_scheduler(
-            "get_external_cache_hit_sources"
-        ).get_external_cache_hit_sources(request, num_external_tokens)
+        return self._as_scheduler("get_external_cache_hit_sources").get_external_cache_hit_sources(
+            request, num_external_tokens
+        )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         manager = self._kv_cache_manager

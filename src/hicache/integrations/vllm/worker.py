@@ -166,6 +166,7 @@ class WorkerTransfers:
         self._step = _Step(StepPlan())
         self._started = False
         self._inflight: list[_Step] = []  # earlier steps whose copies are not settled yet
+        self._compute_point: object | None = None  # vLLM's compute up to the last start_step
         self._pending_io: list[Future[None]] = []
 
     @property
@@ -202,7 +203,12 @@ class WorkerTransfers:
         self._started = True
         step = self._step
         loads = [op for op in step.plan.loads if op.keys]
+        if loads or step.plan.async_loads:
+            # vLLM zeroes newly allocated blocks on its current stream before this hook: the
+            # loads into them come after (CUDA: the load stream waits on the GPU; CPU: no-op)
+            self._compute_point = self.order.point()
         if loads:
+            self.streams.after_compute(Direction.LOAD, self._compute_point)
             step.t_load = time.perf_counter()
             slots = [s for op in loads for s in op.slots]
             blocks = [b for op in loads for b in op.blocks]
@@ -380,6 +386,8 @@ class WorkerTransfers:
         if isinstance(self.order, CudaOrder):
             backup = self.streams.stream(Direction.BACKUP)  # type: ignore[attr-defined]
             self.streams.after_compute(Direction.LOAD, backup)
+            if self._compute_point is not None:  # vLLM's zeroing of the blocks
+                self.streams.after_compute(Direction.LOAD, self._compute_point)
         else:
             with self._lock:
                 inflight = list(self._inflight)
