@@ -75,8 +75,6 @@ class _Step:
     state: CopyEvent | None = None
     loads: dict[str, CopyEvent] = attrs.field(factory=dict)
     load_failed: list[BaseException] = attrs.field(factory=list)
-    t_load: float = 0.0  # when the loads were submitted
-    t_save: float = 0.0  # when the first save was submitted
 
     def events(self) -> list[CopyEvent]:
         out = [*self.saves.values(), *self.loads.values()]
@@ -209,7 +207,6 @@ class WorkerTransfers:
             self._compute_point = self.order.point()
         if loads:
             self.streams.after_compute(Direction.LOAD, self._compute_point)
-            step.t_load = time.perf_counter()
             slots = [s for op in loads for s in op.slots]
             blocks = [b for op in loads for b in op.blocks]
             for name in self.names:
@@ -231,8 +228,6 @@ class WorkerTransfers:
         stream, after the compute issued so far."""
         step = self._step
         if step.plan.saves and name in self.rows and name not in step.saves:
-            if not step.saves:
-                step.t_save = time.perf_counter()
             self.streams.after_compute(Direction.BACKUP, self.order.point())
             step.saves[name] = self.streams.submit(
                 Direction.BACKUP, lambda: self._save_rows(name, step.plan.saves)
@@ -300,7 +295,7 @@ class WorkerTransfers:
         for exc in {type(e).__name__ for e in load_excs}:
             self.stats.error("load", exc)
         events: list[Event] = []
-        save_s = sum(ev.elapsed_s() or 0.0 for ev in step.saves.values())
+        save_s = sum(ev.elapsed_s() or 0.0 for ev in step.saves.values())  # copy stream time
         if plan.saves:
             self.stats.add("save_s", save_s)
         for save in plan.saves:
@@ -311,7 +306,7 @@ class WorkerTransfers:
             self.stats.save(
                 pages=0 if failed_save else len(plan.saves),
                 nbytes=0 if failed_save else self.page_bytes * len(plan.saves),
-                seconds=time.perf_counter() - step.t_save,
+                seconds=save_s,
                 ok=not failed_save,
             )
         if plan.saves and not failed_save:
@@ -337,12 +332,13 @@ class WorkerTransfers:
             events.extend(Event(Op.LOAD, k, ok, self.page_bytes) for k in op.keys)
         n = sum(len(op.keys) for op in plan.loads)
         if n:
-            self.stats.add("load_s", sum(ev.elapsed_s() or 0.0 for ev in step.loads.values()))
+            load_s = sum(ev.elapsed_s() or 0.0 for ev in step.loads.values())
+            self.stats.add("load_s", load_s)
             self.stats.add("load_bytes" if ok else "load_errors", self.page_bytes * n if ok else n)
             self.stats.load(
                 pages=n if ok else 0,
                 nbytes=self.page_bytes * n if ok else 0,
-                seconds=time.perf_counter() - step.t_load,
+                seconds=load_s,
                 ok=ok,
             )
         with self._lock:
