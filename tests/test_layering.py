@@ -57,6 +57,14 @@ def test_planning_loads_without_torch(module: str) -> None:
     assert "torch" not in loaded
 
 
+def test_the_bench_package_and_the_vllm_bench_load_neither_torch_nor_vllm() -> None:
+    # bench vllm imports vLLM (and transformers, torch) only inside the functions that run it,
+    # which is what the "vLLM only under integrations" contract's ignored import relies on.
+    loaded = modules_after_import("hicache.bench", "hicache.bench.vllm")
+    assert "hicache.bench.vllm" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in ("torch", "vllm", "transformers")}
+
+
 def test_the_domain_loads_only_stdlib_and_attrs() -> None:
     baseline = modules_after_import()  # what the interpreter loads at start-up (site hooks)
     added = modules_after_import("hicache.domain") - baseline

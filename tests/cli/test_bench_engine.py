@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hicache.bootstrap.bench_engine import (
+from hicache.bench.engine import (
     NullTransfer,
     measure_free_us,
     measure_load_overhead_us,

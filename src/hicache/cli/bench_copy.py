@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     page_sizes = _ints(args.page_sizes, "--page-sizes")
     layouts = _layouts(args.layouts)
     check_sizes(tokens=args.tokens, layers=args.layers, repeats=args.repeats)
-    from hicache.adapters.copy.bench import BenchSettings, run_copy_bench
+    from hicache.bench.copy import BenchSettings, run_copy_bench
 
     settings = BenchSettings(
         device=args.device,

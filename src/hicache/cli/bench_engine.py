@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from hicache.bootstrap.machine import check_count
 
     check_count(args.rounds, "--rounds", MAX_ROUNDS)
-    from hicache.bootstrap.bench_engine import run_engine_bench
+    from hicache.bench.engine import run_engine_bench
 
     with QuietLogs():
         doc = run_engine_bench(rounds=args.rounds)

@@ -121,7 +121,7 @@ def index_sizes(max_pages: object) -> list[int]:
 
 
 def measure(max_bytes: int, repeats: int, max_pages: int = 100_000) -> dict[str, Any]:
-    from hicache.adapters.copy.scale import memcpy_scale
+    from hicache.bench.scale import memcpy_scale
     from hicache.cli.bench_cache import index_costs
 
     started = time.perf_counter()

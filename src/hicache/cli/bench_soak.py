@@ -2,7 +2,7 @@
 
 - register(sub): the ``soak`` subcommand (``--ops N``, ``--seed S``, ``--concurrency C``,
   ``--json``).
-- run(args): runs hicache.bootstrap.soak.run_soak and prints its report; exits 1 when a slot
+- run(args): runs hicache.bench.soak.run_soak and prints its report; exits 1 when a slot
   or pin leaked, a restored page differed or the face raised an error (the JSON still comes
   first), 2 for bad input.
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
     import structlog
 
-    from hicache.bootstrap.soak import SoakSettings, run_soak
+    from hicache.bench.soak import SoakSettings, run_soak
 
     settings = SoakSettings(ops=args.ops, seed=args.seed, concurrency=args.concurrency)
     was = structlog.is_configured()

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_extra_config(args.store_config)
     store = open_named_store(args.store, config)
     try:
-        from hicache.adapters.storage.bench import StorageBench, run_storage_bench
+        from hicache.bench.storage import StorageBench, run_storage_bench
 
         root = getattr(store, "root", None)
         raw_dir = Path(root) if root is not None else Path(args.dir or tempfile.gettempdir())

@@ -1,5 +1,5 @@
 """`hicache bench vllm-worker`: the vLLM connector's worker data path (no vLLM needed) on the
-CPU and, where torch sees one, on a CUDA GPU (hicache.integrations.vllm.worker_bench).
+CPU and, where torch sees one, on a CUDA GPU (hicache.bench.vllm_worker).
 
 JSON: {"cpu": {...}, "cuda": {...} or {"skipped": why}}; each device: "copy" (save and load
 through the worker against one contiguous copy of the same bytes: ``ratio``, target 0.8 on a
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     layers = count_option("layers", args.layers, 512)
     blocks = count_option("blocks", args.blocks, 1 << 16)
     repeats = count_option("repeats", args.repeats, MAX_REPEATS)
-    from hicache.integrations.vllm.worker_bench import cuda_status, run_worker_bench
+    from hicache.bench.vllm_worker import cuda_status, run_worker_bench
 
     doc: dict[str, Any] = {
         "cpu": run_worker_bench(

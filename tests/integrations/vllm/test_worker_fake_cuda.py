@@ -219,7 +219,7 @@ def test_the_worker_side_imports_without_vllm() -> None:
     code = (
         "import sys; sys.modules['vllm'] = None\n"
         "import hicache.integrations.vllm.worker, hicache.integrations.vllm.worker_parts\n"
-        "import hicache.integrations.vllm.worker_bench\n"
+        "import hicache.bench.vllm_worker\n"
         "assert sys.modules['vllm'] is None\n"
     )
     proc = subprocess.run(

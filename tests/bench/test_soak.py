@@ -1,12 +1,12 @@
-"""The soak (hicache.bootstrap.soak): random operations with faults over every stack leave no
+"""The soak (hicache.bench.soak): random operations with faults over every stack leave no
 leaked slot, no leaked pin and no corrupt page; and each of its checks can fail."""
 
 from __future__ import annotations
 
 import pytest
 
+from hicache.bench.soak import STACKS, SoakSettings, soak
 from hicache.bootstrap.faults import Faults, FaultyTransfer, StoreFaultRates
-from hicache.bootstrap.soak import STACKS, SoakSettings, soak
 from hicache.domain import ConfigError
 
 
