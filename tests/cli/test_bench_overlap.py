@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from hicache.bench.overlap import KEYS, bench_plan
 from hicache.cli import main
-from hicache.cli.bench_overlap import KEYS, bench_plan
 from hicache.domain import ConfigError
 
 TINY = ["--layers", "3", "--tokens", "128", "--page-size", "64", "--repeats", "1"]

@@ -11,8 +11,8 @@ import json
 import pytest
 
 from hicache.adapters.copy import native_status
+from hicache.bench.scale import LAYERS, copy_sizes
 from hicache.cli import main
-from hicache.cli.bench_scale import LAYERS, copy_sizes
 
 pytestmark = pytest.mark.timeout(120)
 

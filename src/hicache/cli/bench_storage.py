@@ -102,10 +102,10 @@ def _human(doc: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hicache.bench.overlap import bench_plan
     from hicache.bootstrap import load_extra_config
     from hicache.bootstrap.machine import check_fits
     from hicache.bootstrap.storage import open_named_store
-    from hicache.cli.bench_overlap import bench_plan
 
     pages = count_option("pages", args.pages, MAX_STORAGE_PAGES)
     page_size = count_option("page-size", args.page_size, MAX_PAGE_SIZE)
