@@ -1,17 +1,21 @@
 """`hicache bench`: measurements that report ratios against a baseline measured in the same run.
 
-- bench copy: host <-> device copy backends against a contiguous copy (hicache.cli.bench_copy).
-- bench overlap: layer-wise loads overlapped with compute (hicache.cli.bench_overlap).
-- bench engine: the engine's own costs, copies excluded (hicache.cli.bench_engine).
-- bench cache: page-key hashing and the prefix index's cost per page (hicache.cli.bench_cache).
-- bench storage: a store's put/get/exists against plain file I/O (hicache.cli.bench_storage).
-- bench sglang: SGLang's HiCacheFile against hicache's SGLang backend (hicache.cli.bench_sglang).
-- bench scale: copy time per byte and planner time per layer as sizes grow (hicache.cli.bench_scale).
+Each subcommand's module here parses its flags and prints; the measuring code is in
+hicache.bench (named after each line).
+
+- bench copy: host <-> device copy backends against a contiguous copy (hicache.bench.copy).
+- bench overlap: layer-wise loads overlapped with compute (hicache.bench.overlap).
+- bench engine: the engine's own costs, copies excluded (hicache.bench.engine).
+- bench cache: page-key hashing and the prefix index's cost per page (hicache.bench.cache).
+- bench storage: a store's put/get/exists against plain file I/O (hicache.bench.storage).
+- bench sglang: SGLang's HiCacheFile against hicache's SGLang backend
+  (hicache.integrations.sglang_bench).
+- bench scale: copy time per byte and planner time per layer as sizes grow (hicache.bench.scale).
 - bench soak: random cache operations with injected faults; leak and byte checks
-  (hicache.cli.bench_soak).
-- bench vllm: TTFT of a real vLLM with HiCacheConnector (hicache.cli.bench_vllm; needs vLLM).
+  (hicache.bench.soak).
+- bench vllm: TTFT of a real vLLM with HiCacheConnector (hicache.bench.vllm; needs vLLM).
 - bench vllm-worker: the connector's worker copies and compute slowed by saves, CPU and CUDA
-  (hicache.cli.bench_worker; no vLLM).
+  (hicache.bench.vllm_worker; no vLLM).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Measures, in one process and under one torch thread: a contiguous copy (the baseline), the
 naive peer method (one copy_ per buffer, layer and page) and hicache's chosen backend, for the
 all-layer backup and for per-layer loads of every layer, per layout and page size; prints one
-JSON document with --json (docs/bench-copy.md), a table otherwise. torch is imported only when
-the command runs.
+JSON document with --json (docs/bench-copy.md), a table otherwise. The measuring code is
+hicache.bench.copy (torch), imported only when the command runs.
 """
 
 from __future__ import annotations

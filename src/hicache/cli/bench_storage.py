@@ -5,8 +5,8 @@ The pages are those of a synthetic MHA pool (8 KV heads of 64, bf16: 2 KiB per t
 memory; put reads them from one host pool and get writes them into another (checked
 byte-exact). The baseline is one plain sequential write and read of the same total bytes in the
 same directory in the same run (docs/storage.md). ``--store`` takes any name
-hicache.bootstrap.storage knows (built-in stores, then installed entry points); torch is
-imported only when the command runs.
+hicache.bootstrap.storage knows (built-in stores, then installed entry points). The measuring
+code is hicache.bench.storage (torch), imported only when the command runs.
 """
 
 from __future__ import annotations
