@@ -17,13 +17,17 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def modules_after_import(*modules: str) -> set[str]:
+def modules_after_import(*modules: str, call: str | None = None) -> set[str]:
+    """The modules loaded after importing ``modules`` (and calling ``call``, "module:function")."""
     code = (
         "import importlib, json, sys\n"
         f"for m in {list(modules)!r}:\n"
         "    importlib.import_module(m)\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
     )
+    if call is not None:
+        module, function = call.split(":")
+        code += f"getattr(importlib.import_module({module!r}), {function!r})()\n"
+    code += "print(json.dumps(sorted(sys.modules)))\n"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -63,6 +67,15 @@ def test_the_bench_package_and_the_vllm_bench_load_neither_torch_nor_vllm() -> N
     loaded = modules_after_import("hicache.bench", "hicache.bench.vllm")
     assert "hicache.bench.vllm" in loaded
     assert not {m for m in loaded if m.split(".")[0] in ("torch", "vllm", "transformers")}
+
+
+def test_every_command_line_parser_and_its_bench_fronts_load_without_torch() -> None:
+    # Building the parser imports every `hicache bench` front and, through them, the bench
+    # modules that are torch-free at import (overlap, cache, scale); the others (copy,
+    # storage, vllm_worker) are imported only when their command runs.
+    loaded = modules_after_import("hicache.cli", "hicache.bench", call="hicache.cli:build_parser")
+    assert {"hicache.cli.bench_overlap", "hicache.bench.overlap", "hicache.bench.scale"} <= loaded
+    assert "torch" not in loaded
 
 
 def test_the_domain_loads_only_stdlib_and_attrs() -> None:
