@@ -191,12 +191,13 @@ def run_worker_bench(
     finally:
         if threads is not None:
             SyntheticCompute.torch_threads(threads)
+    pinned = bool(w.host.is_pinned()) if dev.type == "cuda" else False  # before close unpins
     w.close()
     gb = nbytes / 1e9
     return {
         "device": str(dev),
         "copy_backend": w.copier.backend,
-        "host_pinned": bool(w.host.is_pinned()) if dev.type == "cuda" else False,
+        "host_pinned": pinned,
         "layers": layers,
         "blocks": blocks,
         "page_bytes": page_bytes,
