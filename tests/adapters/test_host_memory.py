@@ -545,8 +545,8 @@ def test_gpu_pinned_region_is_registered_and_copies_byte_exact(kind: MemoryKind)
         host.copy_(pattern)
         dev = torch.empty(n, dtype=torch.uint8, device="cuda")
         dev.copy_(host, non_blocking=True)  # cudaMemcpyAsync from registered memory
+        torch.cuda.synchronize()  # the copy reads host asynchronously: zero it only after
         host.zero_()
-        torch.cuda.synchronize()
         host.copy_(dev, non_blocking=True)
         torch.cuda.synchronize()
         assert torch.equal(host, pattern)
