@@ -253,26 +253,27 @@ static int64_t hs_write_any(int fd, int64_t offset, int64_t nseg, uint8_t *const
 }
 
 /* blocksum64: sums: room for ceil(total / 4096) values; *nsums gets the count. */
-int64_t hs_read(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
-                const int64_t *lens, int64_t chunk, uint64_t *sums, int64_t *nsums) {
+static int64_t hs_summed(int write, int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
+                         const int64_t *lens, int64_t chunk, uint64_t *sums, int64_t *nsums) {
     hs_acc acc;
     if (!hs_sum) hs_sum = hs_pick(0);
     acc.fill = 0; acc.sums = sums; acc.nsums = 0;
-    int64_t got = hs_read_any(fd, offset, nseg, addrs, lens, chunk, &acc, 0, 0);
-    if (got >= 0) hs_finish(&acc);
+    int64_t moved = write
+        ? hs_write_any(fd, offset, nseg, addrs, lens, chunk, &acc, 0, 0)
+        : hs_read_any(fd, offset, nseg, addrs, lens, chunk, &acc, 0, 0);
+    if (moved >= 0) hs_finish(&acc);
     *nsums = acc.nsums;
-    return got;
+    return moved;
+}
+
+int64_t hs_read(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
+                const int64_t *lens, int64_t chunk, uint64_t *sums, int64_t *nsums) {
+    return hs_summed(0, fd, offset, nseg, addrs, lens, chunk, sums, nsums);
 }
 
 int64_t hs_write(int fd, int64_t offset, int64_t nseg, uint8_t *const *addrs,
                  const int64_t *lens, int64_t chunk, uint64_t *sums, int64_t *nsums) {
-    hs_acc acc;
-    if (!hs_sum) hs_sum = hs_pick(0);
-    acc.fill = 0; acc.sums = sums; acc.nsums = 0;
-    int64_t put = hs_write_any(fd, offset, nseg, addrs, lens, chunk, &acc, 0, 0);
-    if (put >= 0) hs_finish(&acc);
-    *nsums = acc.nsums;
-    return put;
+    return hs_summed(1, fd, offset, nseg, addrs, lens, chunk, sums, nsums);
 }
 
 /* The same moves, each chunk handed to update(state, ...) instead of being summed. */
