@@ -203,6 +203,27 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         data = self.stats.take()
         return HiCacheStats(data=data) if any(data.values()) else None
 
+    # ---- class hooks vLLM calls while it builds its configuration (before the model loads) --
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """True: the layer-wise hooks (wait_for_layer_load, save_kv_layer) are Python between
+        layers, which a full CUDA graph's replay skips, so vLLM must capture piecewise graphs.
+        vLLM calls this from VllmConfig.__post_init__ when full CUDA graphs are on; the whole
+        extra config is checked here too, so a bad value fails before the model loads."""
+        ConnectorSettings.from_extra_config(extra_config)
+        return True
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """None (the connector copies whatever layout vLLM picks, hicache.integrations.vllm
+        .layout). vLLM asks this when it picks its attention layout, before the model loads on
+        the GPU platforms; the extra config is checked here too."""
+        transfer = vllm_config.kv_transfer_config
+        if transfer is not None:
+            ConnectorSettings.from_extra_config(transfer.kv_connector_extra_config)
+        return None
+
     @classmethod
     def build_kv_connector_stats(
         cls, data: dict[str, Any] | None = None
