@@ -42,6 +42,7 @@ from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedSettings, BoundedStorage
 from hicache.integrations.vllm.exporter import export, process_counters
 from hicache.integrations.vllm.layout import Layout, Shape, layout_of
+from hicache.integrations.vllm.logs import log_start
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.plan import store_key
 from hicache.integrations.vllm.scheduler_role import SchedulerConnector
@@ -112,6 +113,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 stats=self.stats,
             )
             export(self.settings, 0)
+            log_start("scheduler", self.shape, self.settings)
         else:
             self._worker = WorkerConnector(
                 self.shape,
@@ -157,6 +159,16 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         rank = get_tensor_model_parallel_rank()
         worker.register(kv_caches, rank)
         export(self.settings, 1 + rank)
+        transfers = worker.transfers
+        log_start(
+            "worker",
+            self.shape,
+            self.settings,
+            rank=rank,
+            device=str(transfers.device),
+            copier=transfers.copier.backend,
+            host_pinned=transfers.host_pinned,
+        )
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)

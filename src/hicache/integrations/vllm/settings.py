@@ -207,8 +207,8 @@ class ConnectorSettings:
         _layer_hicache_config(config, out, os.environ if env is None else env)
         settings = cls(**out)
         storage = settings.storage()  # hicache's own checks of the backend and its extra config
-        if storage is not None:
-            _check_store_config(storage.backend, storage.extra_config)
+        if storage is not None and settings.storage_backend is not None:
+            _check_store_config(settings.storage_backend, storage.extra_config)
         return settings
 
 
