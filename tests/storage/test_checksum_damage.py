@@ -22,7 +22,7 @@ from hicache.adapters.storage.format import HEADER_SPAN, CorruptObject, decode_h
 from hicache.domain.storage import StoreStatus
 from tests.storage.conftest import empty, key, page
 
-OK, MISS = StoreStatus.OK, StoreStatus.MISS
+OK, MISS, CORRUPT = StoreStatus.OK, StoreStatus.MISS, StoreStatus.CORRUPT
 SIZE = 3 * 4096 + 100
 WORD = 8 * 700  # a word well inside the second 4 KiB block of the payload
 
@@ -98,19 +98,19 @@ def _block_sums_equal(a: bytes, b: bytes) -> bool:
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_damage_that_cancels_within_a_block_is_a_miss_with_the_default_checksum(
+def test_damage_that_cancels_within_a_block_is_corrupt_with_the_default_checksum(
     tmp_path: Path, damage: str
 ) -> None:
     store = _store(tmp_path)
     assert store.settings.checksum is Checksum.XXH3
     assert store.put([key(1)], [page(SIZE, 5)]) == [OK]
     obj = _damage(tmp_path, DAMAGES[damage])
-    assert store.get([key(1)], [empty(SIZE)]) == [MISS]
+    assert store.get([key(1)], [empty(SIZE)]) == [CORRUPT]
     assert not obj.exists()
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_damage_that_cancels_within_a_block_is_a_miss_after_a_restart(
+def test_damage_that_cancels_within_a_block_is_corrupt_after_a_restart(
     tmp_path: Path, damage: str
 ) -> None:
     first = _store(tmp_path)
@@ -118,7 +118,7 @@ def test_damage_that_cancels_within_a_block_is_a_miss_after_a_restart(
     first.close()
     _damage(tmp_path, DAMAGES[damage])
     again = _store(tmp_path)
-    assert again.get([key(1)], [empty(SIZE)]) == [MISS]
+    assert again.get([key(1)], [empty(SIZE)]) == [CORRUPT]
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
@@ -153,7 +153,7 @@ def test_objects_of_the_older_checksums_are_read_and_checked_by_their_own(
     data = bytearray(obj.read_bytes())
     data[HEADER_SPAN + 10] ^= 0x10
     obj.write_bytes(bytes(data))
-    assert reader.get([key(1)], [empty(SIZE)]) == [MISS]  # and checked by their algorithm
+    assert reader.get([key(1)], [empty(SIZE)]) == [CORRUPT]  # and checked by their algorithm
 
 
 def test_a_64_bit_checksum_in_a_version_1_header_is_refused_not_misread(tmp_path: Path) -> None:
@@ -183,4 +183,4 @@ def test_the_full_64_bit_digest_is_checked(tmp_path: Path) -> None:
     struct.pack_into("<I", data, digest_at + 4, high ^ 1)  # only the upper half differs
     struct.pack_into("<I", data, HEADER_SPAN - 4, zlib.crc32(data[: HEADER_SPAN - 4]))
     obj.write_bytes(bytes(data))
-    assert _store(tmp_path).get([key(1)], [empty(SIZE)]) == [MISS]
+    assert _store(tmp_path).get([key(1)], [empty(SIZE)]) == [CORRUPT]

@@ -23,7 +23,7 @@ from hicache.domain.storage import StoreKey, StoreStatus
 from tests.child_process import kill_after_first_line
 from tests.storage.conftest import empty, joined, key, page
 
-OK, MISS = StoreStatus.OK, StoreStatus.MISS
+OK, MISS, CORRUPT = StoreStatus.OK, StoreStatus.MISS, StoreStatus.CORRUPT
 OBJ = HEADER_SPAN + 4096  # the file size of a 4 KiB page
 
 
@@ -154,14 +154,14 @@ def flip(path: Path, offset: int) -> None:
         HEADER_SPAN + 9999,
     ],
 )
-def test_a_flipped_byte_is_a_miss_and_the_file_is_removed(
+def test_a_flipped_byte_is_corrupt_and_the_file_is_removed(
     tmp_path: Path, checksum: Checksum, offset: int
 ) -> None:
     store = open_store(tmp_path, checksum=checksum)
     assert store.put([key(1)], [page(10000)]) == [OK]
     (obj,) = object_files(tmp_path)
     flip(obj, offset)
-    assert store.get([key(1)], [empty(10000)]) == [MISS]
+    assert store.get([key(1)], [empty(10000)]) == [CORRUPT]
     assert not obj.exists()
     assert store.exists([key(1)]) == [False]
     assert store.put([key(1)], [page(10000)]) == [OK]  # a later put repairs it
@@ -178,26 +178,26 @@ def test_an_unflipped_file_passes_so_the_flip_is_what_is_caught(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("size", [0, 10, HEADER_SPAN, HEADER_SPAN + 4095, HEADER_SPAN + 4097])
-def test_a_truncated_or_extended_file_is_a_miss(tmp_path: Path, size: int) -> None:
+def test_a_truncated_or_extended_file_is_corrupt(tmp_path: Path, size: int) -> None:
     store = open_store(tmp_path)
     store.put([key(1)], [page(4096)])
     (obj,) = object_files(tmp_path)
     data = obj.read_bytes()
     obj.write_bytes((data + bytes(1))[:size])
-    assert store.get([key(1)], [empty(4096)]) == [MISS]
+    assert store.get([key(1)], [empty(4096)]) == [CORRUPT]
     assert not obj.exists()
 
 
-def test_a_file_of_another_key_is_a_miss_and_removed(tmp_path: Path) -> None:
+def test_a_file_of_another_key_is_corrupt_and_removed(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.put([key(1), key(2)], [page(4096, 1), page(4096, 2)])
     one, two = (tmp_path / object_name(k)[:2] / f"{object_name(k)}.obj" for k in (key(1), key(2)))
     os.replace(two, one)  # key 1's name now holds key 2's object
-    assert store.get([key(1)], [empty(4096)]) == [MISS]
+    assert store.get([key(1)], [empty(4096)]) == [CORRUPT]
     assert not one.exists()
 
 
-def test_a_namespace_mismatch_is_a_miss(tmp_path: Path) -> None:
+def test_a_namespace_mismatch_is_corrupt(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     a, b = key(1, namespace="model-a"), key(1, namespace="model-b")
     store.put([a], [page(4096)])
@@ -205,7 +205,7 @@ def test_a_namespace_mismatch_is_a_miss(tmp_path: Path) -> None:
     path_b = tmp_path / object_name(b)[:2] / f"{object_name(b)}.obj"
     path_b.parent.mkdir(exist_ok=True)
     os.replace(path_a, path_b)
-    assert store.get([b], [empty(4096)]) == [MISS]
+    assert store.get([b], [empty(4096)]) == [CORRUPT]
 
 
 def test_segmentation_does_not_change_the_object(tmp_path: Path) -> None:

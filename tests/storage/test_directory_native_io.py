@@ -19,7 +19,7 @@ from hicache.adapters.storage.native_io import IO_CHUNK, NativeIo, load_native_i
 from hicache.domain.storage import StoreStatus
 from tests.storage.conftest import empty, joined, key, page
 
-OK, MISS = StoreStatus.OK, StoreStatus.MISS
+OK, CORRUPT = StoreStatus.OK, StoreStatus.CORRUPT
 
 
 @pytest.fixture(params=["vector", "portable"])
@@ -126,7 +126,7 @@ def test_a_flipped_byte_in_any_chunk_is_caught(
         byte = f.read(1)[0]
         f.seek(HEADER_SPAN + position)
         f.write(bytes([byte ^ 0x01]))
-    assert store.get([key(1)], [empty(SIZE)]) == [MISS]
+    assert store.get([key(1)], [empty(SIZE)]) == [CORRUPT]
     assert not obj.exists()
 
 
@@ -147,4 +147,4 @@ def test_an_object_of_another_format_version_is_refused_not_misread(
             object_file.read_object(fd, key(1), empty(10_000))
     finally:
         os.close(fd)
-    assert store.get([key(1)], [empty(10_000)]) == [MISS]
+    assert store.get([key(1)], [empty(10_000)]) == [CORRUPT]

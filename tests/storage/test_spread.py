@@ -188,7 +188,7 @@ def test_a_damaged_page_in_a_spread_get_is_a_miss_and_the_others_read_whole(
         f.write(bytes([byte ^ 0x40]))
     dst = [empty(size) for _ in range(8)]
     want = [StoreStatus.OK] * 8
-    want[5] = StoreStatus.MISS
+    want[5] = StoreStatus.CORRUPT
     assert store.get(keys, dst) == want
     assert not damaged.exists()
     for i in (0, 1, 2, 3, 4, 6, 7):

@@ -1,6 +1,7 @@
 """The storage port: the face of an L3 store (a directory, Mooncake Store, a plug-in), torch-free.
 
-- StoreStatus: the outcome of one key of a batch (OK, MISS, FULL, TRANSIENT, INVALID, FATAL).
+- StoreStatus: the outcome of one key of a batch (OK, MISS, CORRUPT, FULL, TRANSIENT, INVALID,
+  FATAL).
 - StoreKey: one object of one pool for one page: the page's chained hash and the namespace of
   everything that makes bytes incompatible (kept beside the hash, never folded into it).
 - PageBuffer: the bytes of one page of one pool in host memory, as one or more writable
@@ -33,7 +34,10 @@ from hicache.domain.pools import PoolName
 
 class StoreStatus(enum.Enum):
     OK = "ok"  # done: the bytes were read or written whole
-    MISS = "miss"  # get: the store does not hold this key (or held a corrupt copy, now removed)
+    MISS = "miss"  # get: the store does not hold this key
+    # get: the store held a damaged copy (checksum mismatch, or another key's object) and
+    # removed it; the caller treats it as a miss (recompute), a metric names it
+    CORRUPT = "corrupt"
     FULL = "full"  # put: no room, even after the store's own eviction
     TRANSIENT = "transient"  # a timeout or a lost node: the same call may succeed later
     INVALID = "invalid"  # the request itself is wrong (sizes, key): retrying will not help
@@ -124,7 +128,8 @@ class Store(Protocol):
         """Read each key's bytes into its buffer; OK only when every byte was read and checked.
 
         A key whose stored size differs from its buffer is INVALID (and nothing is written
-        outside the buffer); a corrupt object is a MISS.
+        outside the buffer); a damaged object is CORRUPT (a miss the store could tell apart;
+        a store that cannot tell answers MISS).
         """
         ...
 

@@ -53,7 +53,7 @@ def test_a_page_damaged_on_disk_is_a_miss_and_is_removed(make_backend: Any, tmp_
     assert backend.batch_get_v1(k, tokens(pool, 8, 2)) == [True, False]
     assert backend.batch_exists(k) == 1  # the damaged object was removed by the get
     stats = backend.statistics()["pools"]["kv"]["tier"]
-    assert stats["statuses"] == {"miss": 1}
+    assert stats["statuses"] == {"corrupt": 1}  # told apart from a plain miss
 
 
 def test_a_dead_store_fails_backups_misses_queries_and_opens_the_breaker(tmp_path: Path) -> None:

@@ -111,6 +111,49 @@ def test_a_store_miss_is_a_failed_load_and_a_get_error(tmp_path: Path) -> None:
     assert got[("hicache_integration_errors_total", labels(operation="get", status="miss"))] == 2
 
 
+def test_save_seconds_agree_between_hicache_and_vllm_metrics_after_a_known_run() -> None:
+    """hicache_integration_save_seconds (sum) and vllm:hicache_save_s count the same thing:
+    the save copies' stream time, per step, summed over layers."""
+    from hicache.integrations.vllm.vllm_metrics import HiCacheStats
+
+    w = transfers(caches())
+    vllm_side = HiCacheStats(data={})
+    for step in range(3):
+        w.start_step(StepPlan(saves=[SaveOp("r", key(10 + step), step, step + 1, False)]))
+        for name in w.names:  # vLLM's save_kv_layer, layer by layer
+            w.save_layer(name)
+        w.finish_step()
+        w.wait_saves()
+        vllm_side.aggregate(HiCacheStats(data=w.stats.take()))  # get_kv_connector_stats
+    w.close()
+    hist = w.stats.counters.statistics().save_seconds
+    assert hist.count == 3  # one observation per step with saves
+    vllm_s = vllm_side.reduce()["save_s"]
+    assert vllm_s > 0
+    assert hist.sum == pytest.approx(vllm_s, rel=1e-9)
+
+
+def test_a_damaged_object_is_counted_as_corrupt_not_as_a_miss(tmp_path: Path) -> None:
+    w = transfers(caches(), DirectoryStore(DirectorySettings(root=tmp_path)))
+    w.start_step(StepPlan(saves=[SaveOp("r", key(1), 0, 1, True)]))
+    w.finish_step()
+    w.wait_idle()
+    (obj,) = tmp_path.rglob("*.obj")
+    data = bytearray(obj.read_bytes())
+    data[-1] ^= 0xFF  # one payload bit flipped: the checksum no longer matches
+    obj.write_bytes(bytes(data))
+    op = LoadOp("q", (key(1), key(2)), (1, 2), (5, 6), (True, True))
+    w.start_step(StepPlan(async_loads=[op]))
+    w.finish_step()
+    w.wait_saves()
+    w.close()
+    st = w.stats.counters.statistics()
+    assert st.loads == {"ok": 0, "failed": 1}
+    assert st.errors == {("get", "corrupt"): 1, ("get", "miss"): 1}
+    got = scrape(w.stats)
+    assert got[("hicache_integration_errors_total", labels(operation="get", status="corrupt"))] == 1
+
+
 def test_extra_config_over_the_environment_names_both_sources() -> None:
     with pytest.raises(ConfigError) as e:
         ConnectorSettings.from_extra_config({"host_gib": 2}, env={"HICACHE_PLAN_HOST_RATIO": "3"})

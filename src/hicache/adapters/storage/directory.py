@@ -9,7 +9,8 @@ An object lives at ``root/<h[:2]>/<h>.obj`` with h = sha256(str(key)) in hex, so
 ever becomes a path. A put writes ``<h>.<pid>.<random>.tmp`` next to it (the file itself:
 hicache.adapters.storage.object_file) and renames it over the object: a reader sees the old
 object, the new one or none, never a torn one. A get reads the object straight into the
-caller's segments; a damaged object, or one that holds another key, is a MISS and is removed.
+caller's segments; a damaged object, or one that holds another key, is CORRUPT (a miss the
+caller can count apart) and is removed.
 Puts of a key already held are skipped (objects are content-addressed). A size cap evicts least
 recently used objects (order kept in memory, rebuilt from mtimes at open).
 
@@ -323,7 +324,7 @@ class DirectoryStore:
             status = read_object(fd, key, segments)
         except CorruptObject:
             self._remove_corrupt(name, fd)
-            return StoreStatus.MISS
+            return StoreStatus.CORRUPT
         except OSError:
             return StoreStatus.TRANSIENT
         finally:

@@ -42,6 +42,7 @@ from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedSettings, BoundedStorage
 from hicache.integrations.vllm.exporter import export, process_counters
 from hicache.integrations.vllm.layout import Layout, Shape, layout_of
+from hicache.integrations.vllm.logs import log_start
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.plan import store_key
 from hicache.integrations.vllm.scheduler_role import SchedulerConnector
@@ -112,6 +113,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 stats=self.stats,
             )
             export(self.settings, 0)
+            log_start("scheduler", self.shape, self.settings)
         else:
             self._worker = WorkerConnector(
                 self.shape,
@@ -157,6 +159,16 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         rank = get_tensor_model_parallel_rank()
         worker.register(kv_caches, rank)
         export(self.settings, 1 + rank)
+        transfers = worker.transfers
+        log_start(
+            "worker",
+            self.shape,
+            self.settings,
+            rank=rank,
+            device=str(transfers.device),
+            copier=transfers.copier.backend,
+            host_pinned=transfers.host_pinned,
+        )
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -202,6 +214,27 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         data = self.stats.take()
         return HiCacheStats(data=data) if any(data.values()) else None
+
+    # ---- class hooks vLLM calls while it builds its configuration (before the model loads) --
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """True: the layer-wise hooks (wait_for_layer_load, save_kv_layer) are Python between
+        layers, which a full CUDA graph's replay skips, so vLLM must capture piecewise graphs.
+        vLLM calls this from VllmConfig.__post_init__ when full CUDA graphs are on; the whole
+        extra config is checked here too, so a bad value fails before the model loads."""
+        ConnectorSettings.from_extra_config(extra_config)
+        return True
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """None (the connector copies whatever layout vLLM picks, hicache.integrations.vllm
+        .layout). vLLM asks this when it picks its attention layout, before the model loads on
+        the GPU platforms; the extra config is checked here too."""
+        transfer = vllm_config.kv_transfer_config
+        if transfer is not None:
+            ConnectorSettings.from_extra_config(transfer.kv_connector_extra_config)
+        return None
 
     @classmethod
     def build_kv_connector_stats(

@@ -11,7 +11,12 @@
   ``HICACHE_*`` variables, which fill in what the extra config leaves out
   (docs/vllm.md, "Configuration").
 
-Torch- and vLLM-free, so a bad config is refused before any memory is touched.
+vLLM-free, so a bad config is refused before any memory is touched; the store's own extra
+config is checked by that store's settings parser (DirectorySettings.from_config,
+load_mooncake_config's keys and values), which imports hicache's storage adapters.
+HiCacheConnector runs this parser from the class hooks vLLM calls while it builds its
+configuration, before the model loads (docs/vllm.md, "Bad settings"); ``python -m
+hicache.integrations.vllm.check '<json>'`` runs it without vLLM.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import attrs
 
 from hicache.bootstrap.hicache_config import HiCacheConfig
 from hicache.domain import ConfigError, StorageSettings
-from hicache.domain.limits import bounded_seconds
+from hicache.domain.errors import shown
+from hicache.domain.limits import MAX_BYTES, bounded_seconds, is_finite_number
+from hicache.domain.store_plugins import StorePlugin
 
 BACKENDS = ("directory", "mooncake", "dynamic")
 WRITE_POLICIES = ("write_through", "host_only")
@@ -45,6 +52,8 @@ SOURCE = "kv_connector_extra_config"
 METRICS_MODES = ("off", "register")
 COPY_BACKENDS = ("auto", "native", "cuda_batch", "torch")
 _GIB = 1 << 30
+# The largest host tier accepted: hicache's byte ceiling (hicache.domain.limits.MAX_BYTES).
+MAX_HOST_GIB = MAX_BYTES / _GIB
 # The store call bound (hicache.engine.bounded). Shorter than the SGLang backend's 10 s + 2 s:
 # the scheduler's exists runs on vLLM's scheduling thread, where every running request waits.
 DEADLINE_S = 2.0
@@ -97,6 +106,7 @@ class ConnectorSettings:
         """Settings from vLLM's extra config, then hicache's file and environment (``env``,
         default os.environ; ``{}`` reads neither) for the overlapping keys it leaves out."""
         config = dict(config or {})
+        _string_keys(config, SOURCE)
         unknown = sorted(set(config) - set(KEYS))
         if unknown:
             raise ConfigError(
@@ -106,10 +116,10 @@ class ConnectorSettings:
         out: dict[str, Any] = {}
         if "host_gib" in config:
             v = config["host_gib"]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+            if not is_finite_number(v) or not 0 < v <= MAX_HOST_GIB:
                 raise ConfigError(
-                    f"kv_connector_extra_config 'host_gib' = {v!r}: expected a positive number "
-                    "of GiB (the host tier's size)"
+                    f"kv_connector_extra_config 'host_gib' = {shown(v)}: expected a finite "
+                    f"number of GiB in (0, {MAX_HOST_GIB:.0f}] (the host tier's size)"
                 )
             out["host_gib"] = float(v)
         backend = config.get("storage_backend")
@@ -139,6 +149,13 @@ class ConnectorSettings:
             raise ConfigError(
                 f"kv_connector_extra_config 'storage_extra_config' = {extra!r}: expected a "
                 "mapping (hicache's storage extra config)"
+            )
+        _string_keys(extra, f"{SOURCE} 'storage_extra_config'")
+        if backend == "directory" and "root" in extra:
+            raise ConfigError(
+                f"kv_connector_extra_config 'storage_extra_config' key 'root' = "
+                f"{shown(extra['root'])}: the directory store's root is 'storage_path' here "
+                "(drop 'root')"
             )
         if extra and backend is None:
             raise ConfigError(
@@ -189,9 +206,51 @@ class ConnectorSettings:
                 )
         _layer_hicache_config(config, out, os.environ if env is None else env)
         settings = cls(**out)
-        if settings.storage_backend is not None:
-            settings.storage()  # hicache's own checks of the backend and its extra config
+        storage = settings.storage()  # hicache's own checks of the backend and its extra config
+        if storage is not None and settings.storage_backend is not None:
+            _check_store_config(settings.storage_backend, storage.extra_config)
         return settings
+
+
+def _string_keys(config: Mapping[Any, Any], where: str) -> None:
+    bad = [k for k in config if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{where} key {shown(bad[0])}: expected string keys (JSON object keys)")
+
+
+def _check_store_config(backend: str, extra: Mapping[str, Any]) -> None:
+    """The store's own parser over its extra config, so that a misspelt or bad store key fails
+    here (before memory is touched or the store opened), as the SGLang backend does. The
+    "dynamic" plug-in's keys other than those naming it are the plug-in's to check.
+    Imports hicache's storage adapters (and torch through them) only when a store is set."""
+    where = f"{SOURCE} 'storage_extra_config' (store {backend!r})"
+    if backend == "directory":
+        from hicache.adapters.storage.directory_settings import DirectorySettings
+
+        try:
+            DirectorySettings.from_config(extra)
+        except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
+            raise ConfigError(f"{where}: {exc}") from exc
+    elif backend == "mooncake":
+        from hicache.adapters.storage.mooncake_config import KEYS as MOONCAKE_KEYS
+        from hicache.adapters.storage.mooncake_config import load_mooncake_config
+
+        unknown = sorted(set(extra) - set(MOONCAKE_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{where} key {unknown[0]!r} is unknown to the Mooncake store: expected some of "
+                f"{', '.join(MOONCAKE_KEYS)}"
+            )
+        if "master_server_address" in extra:  # else the store reads its file or environment
+            try:
+                load_mooncake_config(extra, environ={})
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{where}: {exc}") from exc
+    elif backend == "dynamic":
+        try:
+            StorePlugin.from_extra_config(extra)  # the keys naming it; the rest is the plug-in's
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
 
 
 def _layer_hicache_config(

@@ -7,7 +7,8 @@
 
 - ``lookup`` / ``load`` / ``save`` / ``error``: the same events for hicache's own metrics, an
   IntegrationCounters (source ``vllm``; hicache.metrics.integration) the connector's process
-  shares (hicache.integrations.vllm.exporter serves or registers it).
+  shares (hicache.integrations.vllm.exporter serves or registers it). ``error`` also logs a
+  rate-limited warning for a damaged object, a failed store call or a failed copy.
 
 vLLM-free, so the same dict can feed vLLM's KVConnectorStats and hicache's own metrics.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import threading
 
+from hicache.integrations.vllm.logs import RateLimitedWarnings, warning_kind
 from hicache.metrics.integration import IntegrationCounters
 
 NAMES = (
@@ -37,10 +39,15 @@ NAMES = (
 
 
 class ConnectorStats:
-    def __init__(self, counters: IntegrationCounters | None = None) -> None:
+    def __init__(
+        self,
+        counters: IntegrationCounters | None = None,
+        warnings: RateLimitedWarnings | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._data: dict[str, float] = dict.fromkeys(NAMES, 0)
         self.counters = IntegrationCounters("vllm") if counters is None else counters
+        self.warnings = RateLimitedWarnings() if warnings is None else warnings
 
     # ---- hicache's metrics (IntegrationCounters) -------------------------------------------
 
@@ -58,8 +65,13 @@ class ConnectorStats:
         self.counters.count_save(pages=pages, nbytes=nbytes, seconds=seconds, ok=ok)
 
     def error(self, operation: str, status: str, times: int = 1) -> None:
+        """Count an error; damaged objects, failed store calls and failed copies are also
+        logged, at most once per kind a minute (hicache.integrations.vllm.logs)."""
         for _ in range(times):
             self.counters.count_error(operation=operation, status=status)
+        kind = warning_kind(operation, status)
+        if kind is not None:
+            self.warnings.warn(kind, times, operation=operation, status=status)
 
     # ---- vLLM's KVConnectorStats (a dict of numbers) --------------------------------------
 

@@ -417,6 +417,11 @@ class WorkerTransfers:
         host = self.state_host if is_state(key) else self.host
         return [memoryview(host[slot].numpy()).cast("B")]  # type: ignore[arg-type]
 
+    @property
+    def host_pinned(self) -> bool:
+        """Whether the host pages are page-locked (on CUDA)."""
+        return bool(self._host.pinned)
+
     def _nbytes(self, key: bytes) -> int:
         return self.state_bytes if is_state(key) else self.page_bytes
 
