@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 
 import torch
 
@@ -35,6 +35,7 @@ from hicache.domain import (
     PoolPlan,
     PoolRole,
 )
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.slots import GroupAllocator, PageAllocator
 
 
@@ -262,12 +263,7 @@ class HostGroup:
     def __enter__(self) -> HostGroup:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         self.close()
 
     def __repr__(self) -> str:

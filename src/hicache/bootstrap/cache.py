@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hicache.bootstrap.runtime import Runtime, open_runtime
@@ -19,6 +18,7 @@ from hicache.cache.face import HiCache
 from hicache.cache.storage import CacheStorage, TierPort
 from hicache.cache.values import CacheSettings
 from hicache.domain import ConfigError, HostGroupPlan, PoolName, PoolRole, StorageSettings
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.namespace import RankIdentity, group_namespaces
 from hicache.domain.storage import Store
 from hicache.engine.engine import TransferEngine
@@ -78,12 +78,7 @@ class CacheRuntime:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         try:
             await self.aclose()
         finally:

@@ -14,7 +14,6 @@ the copy backends and the streams.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hicache.adapters.copy import make_transfer
@@ -23,6 +22,7 @@ from hicache.adapters.host_pool import HostGroup, materialise_host_group
 from hicache.adapters.streams import open_streams
 from hicache.domain import ConfigError, HostGroupPlan, PoolName
 from hicache.domain.errors import shown
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.limits import MAX_EVENT_SETS
 from hicache.domain.pins import PinTable
 from hicache.domain.ports import Streams, Transfer
@@ -77,12 +77,7 @@ class Runtime:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         try:
             await self.engine.__aexit__(exc_type, exc, tb)
         finally:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 
 import anyio
 import anyio.abc
@@ -50,6 +49,7 @@ from hicache.cache.values import (
 )
 from hicache.cache.work import CacheWork, Counters
 from hicache.domain.errors import CacheStateError, ConfigError, EngineClosedError
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.hybrid import GroupRules, Restore
 from hicache.domain.keys import key_chain
 from hicache.domain.pools import PoolName
@@ -125,12 +125,7 @@ class HiCache:
                  is not None)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         try:
             await self.aclose()
         finally:

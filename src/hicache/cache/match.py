@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Protocol
 
 import anyio
@@ -26,6 +25,7 @@ import attrs
 
 from hicache.cache.work import pool_counts
 from hicache.domain.errors import CacheStateError, TransferError
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.pools import PoolName
 from hicache.domain.tiers import Tier
 from hicache.engine.handles import LoadHandle
@@ -155,12 +155,7 @@ class CacheMatch:
     async def __aenter__(self) -> CacheMatch:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         if exc is not None and self._load is not None and not self._load.finished:
             with anyio.CancelScope(shield=True):
                 await self._load.cancel()
@@ -252,12 +247,7 @@ class CacheLoad:
     async def __aenter__(self) -> CacheLoad:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         if exc is None:
             await self.wait()
         else:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from types import TracebackType
 
 import anyio
 import anyio.abc
@@ -40,6 +39,7 @@ from hicache.domain.errors import (
     EngineClosedError,
     TransferError,
 )
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.ledger import Ledger
 from hicache.domain.pins import PinTable
 from hicache.domain.pools import HostGroupPlan, PoolName, PoolRole
@@ -210,12 +210,7 @@ class TransferEngine(Freeing, Reporting, Submitting):
         )
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         tg, self._tg = self._tg, None
         try:
             await self.aclose()

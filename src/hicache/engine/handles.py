@@ -17,12 +17,12 @@ gives up.
 from __future__ import annotations
 
 import time
-from types import TracebackType
 from typing import Protocol
 
 import anyio
 
 from hicache.domain.errors import ConfigError, EngineClosedError, TransferError
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.pools import HostGroupPlan, PoolName
 from hicache.engine._ops import Batch, Op, OpKind, wait_until
 from hicache.engine.stats import OperationState, OperationStatistics
@@ -217,12 +217,7 @@ class _Handle:
     async def __aenter__(self) -> _Handle:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         if exc is None:
             await self.wait()
         else:

@@ -34,7 +34,6 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -44,6 +43,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from hicache.domain.breaker import Breaker, BreakerState
 from hicache.domain.errors import ConfigError, EngineClosedError
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.keys import page_hex
 from hicache.domain.pools import PoolName
 from hicache.domain.storage import (
@@ -417,12 +417,7 @@ class StorageTier:
             tg.start_soon(self._worker, recv)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         # The body's exception propagates on its own; the task group only sees our cancel.
         await self._close(cancel=exc is not None)
 

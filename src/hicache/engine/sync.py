@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
-from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
@@ -28,6 +27,7 @@ import anyio.abc
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from hicache.domain.errors import ConfigError, EngineClosedError, shown
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 from hicache.domain.limits import MAX_SECONDS, is_finite_number
 from hicache.domain.pools import HostGroupPlan, PoolName
 from hicache.engine.engine import PageSet, TransferEngine
@@ -104,12 +104,7 @@ class _SyncHandle:
     def __enter__(self) -> _SyncHandle:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         if exc is None:
             self.wait()
         else:

@@ -24,9 +24,9 @@ import math
 import threading
 import weakref
 from collections.abc import Iterator
-from types import TracebackType
 
 from hicache.domain.errors import ConfigError
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 
 try:
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
@@ -179,12 +179,7 @@ class MetricsServer:
     def __enter__(self) -> MetricsServer:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         self.close()
 
 

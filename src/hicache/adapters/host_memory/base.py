@@ -13,12 +13,12 @@ import abc
 import ctypes
 import mmap
 import os
-from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
 
 from hicache.domain import ConfigError, HostMemoryError, MemoryKind
+from hicache.domain.exc_info import ExcTraceback, ExcType, ExcValue
 
 
 def check_nbytes(nbytes: object, what: str = "host region size") -> int:
@@ -118,12 +118,7 @@ class HostRegion(abc.ABC):
     def __enter__(self: _Region) -> _Region:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
         self.close()
 
 
