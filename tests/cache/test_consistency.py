@@ -7,7 +7,6 @@ import gc
 from collections.abc import Sequence
 
 import anyio
-import attrs
 import pytest
 
 from hicache.cache.face import HiCache
@@ -15,74 +14,30 @@ from hicache.cache.values import CacheSettings
 from hicache.domain import (
     CacheStateError,
     ConfigError,
-    HitPolicy,
-    HostGroupPlan,
     PoolName,
     TransferError,
 )
 from hicache.domain.hybrid import CheckpointPolicy
-from hicache.domain.tiers import PerTier, Tier, WriteSettings
+from hicache.domain.tiers import Tier, WriteSettings
+from tests.cache.fake_rig import assert_consistent, cached_on_host, hybrid_plan, prompt
 from tests.engine.fakes import Rig
-from tests.engine.fakes import hybrid_plan as _hybrid_plan
 
 KV, MAMBA = PoolName.KV, PoolName.MAMBA
-PS = 4
 
 
-def hybrid_plan() -> HostGroupPlan:
-    """KV + indexer sidecar + Mamba state restored from a checkpoint (trailing pages)."""
-    plan = _hybrid_plan()
-    pools = [
-        attrs.evolve(p, hit_policy=HitPolicy.TRAILING_PAGES) if p.name is MAMBA else p
-        for p in plan.pools
-    ]
-    return attrs.evolve(plan, pools=pools)
 
 
-def _tokens(pages: int, first: int = 0) -> list[int]:
-    return list(range(first, first + pages * PS + 1))
 
 
-async def _cached(rig: Rig, cache: HiCache, pages: int, *, first: int = 0,
-                  checkpoints: Sequence[int] | None = None) -> list[int]:
-    """Insert a request of ``pages`` pages with state checkpoints, back it up, evict it from
-    the device: it is then on host only. Returns its tokens."""
-    tokens = _tokens(pages, first)
-    marks = list(checkpoints) if checkpoints is not None else [pages]
-    got = rig.device_slots.allocate({KV: pages, MAMBA: len(marks)}).pages
-    rig.transfer.fill_device(KV, got[KV], f"r{first}")
-    rig.transfer.fill_device(PoolName.INDEXER, got[KV], f"r{first}")
-    rig.transfer.fill_device(MAMBA, got[MAMBA], f"r{first}")
-    await cache.insert(
-        tokens, {KV: list(got[KV])},
-        checkpoints={b: {MAMBA: s} for b, s in zip(marks, got[MAMBA], strict=True)},
-    )
-    await cache.wait_idle()
-    await cache.evict(Tier.DEVICE, 100)
-    return tokens
 
 
-def _clean(rig: Rig, cache: HiCache) -> None:
-    cache.index.validate()
-    s = cache.index.statistics()
-    assert s.pinned == PerTier(), s
-    assert s.in_flight == 0, s
-    # every host page the allocator gave out is one the index holds
-    on_host = s.on_tier.host
-    used = {n: rig.host_slots.allocator(n).pages - f for n, f in rig.host_slots.free_counts().items()}
-    assert used[KV] == on_host
-    dev_used = {
-        n: rig.device_slots.allocator(n).pages - f for n, f in rig.device_slots.free_counts().items()
-    }
-    assert dev_used[KV] == s.on_tier.device
-    rig.assert_no_leaks(host_used=used, device_used=dev_used)
 
 
 @pytest.mark.asyncio
 async def test_a_copy_failure_during_load_gives_every_slot_and_pin_back() -> None:
     rig = Rig(hybrid_plan())
     async with rig.engine, HiCache(rig.engine) as cache:
-        tokens = await _cached(rig, cache, 2)
+        tokens = await cached_on_host(rig, cache, 2)
         rig.transfer.fail("load", layer=1)
         match = await cache.match(tokens)
         assert match.host_pages == 2
@@ -93,7 +48,7 @@ async def test_a_copy_failure_during_load_gives_every_slot_and_pin_back() -> Non
         assert cache.statistics().loads_failed == 1
         assert rig.device_slots.free_counts() == {KV: 8, MAMBA: 4}
         match.release()
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
         # carry on: the same prefix loads
         async with await cache.match(tokens) as again:
             load = await cache.load(again)
@@ -107,14 +62,14 @@ async def test_a_copy_failure_during_load_gives_every_slot_and_pin_back() -> Non
             ]
             state = rig.transfer.device[MAMBA][0][placements[1][MAMBA]]
             assert state.startswith(b"r0/mamba/0/")
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
 
 
 @pytest.mark.asyncio
 async def test_cancelling_a_load_in_flight_returns_its_device_pages() -> None:
     rig = Rig(hybrid_plan())
     async with rig.engine, HiCache(rig.engine) as cache:
-        tokens = await _cached(rig, cache, 2)
+        tokens = await cached_on_host(rig, cache, 2)
         gate = rig.transfer.gate("load", layer=2)
         async with await cache.match(tokens) as match:
             load = await cache.load(match)
@@ -126,7 +81,7 @@ async def test_cancelling_a_load_in_flight_returns_its_device_pages() -> None:
             assert load.finished
             assert not load.ok
             assert rig.device_slots.free_counts() == {KV: 8, MAMBA: 4}
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
 
 
 @pytest.mark.asyncio
@@ -135,7 +90,7 @@ async def test_cancellation_at_each_await_leaves_the_cache_consistent(where: str
     rig = Rig(hybrid_plan(), delay_s=0.002)
     settings = CacheSettings(writes=WriteSettings(host="write_back"))
     async with rig.engine, HiCache(rig.engine, settings=settings) as cache:
-        tokens = _tokens(2)
+        tokens = prompt(2)
         got = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
         await cache.insert(tokens, {KV: list(got[KV])}, checkpoints={2: {MAMBA: got[MAMBA][0]}})
         if where == "load":
@@ -151,7 +106,7 @@ async def test_cancellation_at_each_await_leaves_the_cache_consistent(where: str
                 elif where == "insert":
                     more = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
                     await cache.insert(
-                        _tokens(2, 50), {KV: list(more[KV])}, checkpoints={2: {MAMBA: more[MAMBA][0]}}
+                        prompt(2, 50), {KV: list(more[KV])}, checkpoints={2: {MAMBA: more[MAMBA][0]}}
                     )
                 else:
                     await cache.evict(Tier.DEVICE, 100)
@@ -159,20 +114,20 @@ async def test_cancellation_at_each_await_leaves_the_cache_consistent(where: str
             gc.collect()
             await cache.wait_idle()
             (await cache.match([])).release()  # releases matches the cancellation dropped
-            _clean(rig, cache)
+            assert_consistent(rig, cache)
 
 
 @pytest.mark.asyncio
 async def test_a_dropped_match_is_released_at_the_next_call() -> None:
     rig = Rig(hybrid_plan())
     async with rig.engine, HiCache(rig.engine) as cache:
-        tokens = await _cached(rig, cache, 2)
+        tokens = await cached_on_host(rig, cache, 2)
         match = await cache.match(tokens)
         assert cache.index.statistics().pinned.host == 2
         del match
         gc.collect()
         (await cache.match([])).release()
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
         m = await cache.match(tokens)
         m.release()
         with pytest.raises(CacheStateError, match="released"):
@@ -184,7 +139,7 @@ async def test_a_missing_state_checkpoint_shrinks_the_hit() -> None:
     rig = Rig(hybrid_plan())
     settings = CacheSettings(checkpoints=CheckpointPolicy(every_pages=2, at_end=False))
     async with rig.engine, HiCache(rig.engine, settings=settings) as cache:
-        tokens = _tokens(3)
+        tokens = prompt(3)
         got = rig.device_slots.allocate({KV: 3, MAMBA: 2}).pages
         slot2, slot1 = got[MAMBA]
         result = await cache.insert(
@@ -205,12 +160,12 @@ async def test_a_missing_state_checkpoint_shrinks_the_hit() -> None:
             assert match.load_counts() == {MAMBA: 1}
             await (await cache.load(match)).wait()
             assert [w[KV] for w in match.placements()] == list(got[KV][:2])
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
         await cache.evict(Tier.HOST, 1, MAMBA)  # now the checkpoint is nowhere but the device
         await cache.evict(Tier.DEVICE, 1, MAMBA)  # and then nowhere: the hit shrinks
         async with await cache.match(tokens) as match:
             assert (match.device_pages, match.host_pages) == (0, 0)
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
 
 
 class TwoRanks:
@@ -255,12 +210,12 @@ async def test_two_ranks_that_disagree_both_use_the_minimum() -> None:
                 pages = 3 if i == 0 else 2  # rank 1 cached less of the prefix
                 got = rig.device_slots.allocate({KV: pages, MAMBA: pages}).pages
                 await cache.insert(
-                    _tokens(pages), {KV: list(got[KV])},
+                    prompt(pages), {KV: list(got[KV])},
                     checkpoints={b + 1: {MAMBA: s} for b, s in enumerate(got[MAMBA])},
                 )
 
             async def run(i: int) -> None:
-                async with await caches[i].match(_tokens(3)) as m:
+                async with await caches[i].match(prompt(3)) as m:
                     results[i] = (m.device_pages, m.host_pages)
 
             async with anyio.create_task_group() as tg:
@@ -269,7 +224,7 @@ async def test_two_ranks_that_disagree_both_use_the_minimum() -> None:
             assert results == {0: (2, 2), 1: (2, 2)}
             for rig, cache in zip(rigs, caches, strict=True):
                 await cache.wait_idle()
-                _clean(rig, cache)
+                assert_consistent(rig, cache)
 
 
 @pytest.mark.asyncio
@@ -283,14 +238,14 @@ async def test_bad_input_is_a_typed_error_naming_it() -> None:
         CacheSettings(writes={"host": "sometimes"})
     async with rig.engine, HiCache(rig.engine) as cache:
         with pytest.raises(ConfigError, match="needs the anchor"):
-            await cache.insert(_tokens(1), {MAMBA: [0]})
+            await cache.insert(prompt(1), {MAMBA: [0]})
         with pytest.raises(ConfigError, match="expected 2"):
-            await cache.insert(_tokens(2), {KV: [0]})
+            await cache.insert(prompt(2), {KV: [0]})
         with pytest.raises(ConfigError, match="checkpoint at boundary 5"):
-            await cache.insert(_tokens(2), {KV: [0, 1]}, checkpoints={5: {MAMBA: 0}})
+            await cache.insert(prompt(2), {KV: [0, 1]}, checkpoints={5: {MAMBA: 0}})
         with pytest.raises(ConfigError, match=r"Tier\.DEVICE or Tier\.HOST"):
             await cache.evict(Tier.STORAGE, 1)
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
 
 
 def test_match_load_insert_from_a_plain_thread_through_the_sync_engine() -> None:
@@ -299,7 +254,7 @@ def test_match_load_insert_from_a_plain_thread_through_the_sync_engine() -> None
 
     rig = Rig(hybrid_plan())
     with open_sync(rig.engine) as sync, open_sync_cache(sync, HiCache(rig.engine)) as face:
-        tokens = _tokens(2)
+        tokens = prompt(2)
         got = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
         rig.transfer.fill_device(KV, got[KV], "s")
         rig.transfer.fill_device(MAMBA, got[MAMBA], "s")
@@ -317,7 +272,7 @@ def test_match_load_insert_from_a_plain_thread_through_the_sync_engine() -> None
         assert rig.transfer.device[KV][0][where[0][KV]] == b"s/kv/0/" + str(got[KV][0]).encode()
         face.release(match)
         assert face.statistics().loads == 1
-        face.call(_clean, rig, face.cache)
+        face.call(assert_consistent, rig, face.cache)
 
 
 @pytest.mark.asyncio
@@ -325,7 +280,7 @@ async def test_an_unknown_pool_in_insert_is_a_config_error() -> None:
     rig = Rig(hybrid_plan())
     async with rig.engine, HiCache(rig.engine) as cache:
         with pytest.raises(ConfigError, match="unknown pool 'nope'"):
-            await cache.insert(_tokens(1), {"nope": [0]})  # type: ignore[dict-item]
+            await cache.insert(prompt(1), {"nope": [0]})  # type: ignore[dict-item]
 
 
 def test_a_match_released_from_a_plain_thread_is_released_on_the_loop() -> None:
@@ -335,12 +290,12 @@ def test_a_match_released_from_a_plain_thread_is_released_on_the_loop() -> None:
     rig = Rig(hybrid_plan())
     with open_sync(rig.engine) as sync, open_sync_cache(sync, HiCache(rig.engine)) as face:
         got = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
-        face.insert(_tokens(2), {KV: list(got[KV])}, checkpoints={2: {MAMBA: got[MAMBA][0]}})
-        with face.match(_tokens(2)) as match:  # released from this thread on exit: queued
+        face.insert(prompt(2), {KV: list(got[KV])}, checkpoints={2: {MAMBA: got[MAMBA][0]}})
+        with face.match(prompt(2)) as match:  # released from this thread on exit: queued
             assert match.device_pages == 2
         face.match([]).release()  # the next call on the loop releases it (and this one)
         face.call(face.cache.wait_idle)
-        face.call(_clean, rig, face.cache)
+        face.call(assert_consistent, rig, face.cache)
 
 
 @pytest.mark.asyncio
@@ -356,12 +311,12 @@ async def test_a_boundary_one_rank_cannot_restore_is_cut_and_agreed_again() -> N
             for rig, cache, mine in zip(rigs, caches, marks, strict=True):
                 got = rig.device_slots.allocate({KV: mine[-1], MAMBA: 2}).pages
                 await cache.insert(
-                    _tokens(mine[-1]), {KV: list(got[KV])},
+                    prompt(mine[-1]), {KV: list(got[KV])},
                     checkpoints={b: {MAMBA: s} for b, s in zip(mine, got[MAMBA], strict=True)},
                 )
 
             async def run(i: int) -> None:
-                async with await caches[i].match(_tokens(4)) as m:
+                async with await caches[i].match(prompt(4)) as m:
                     results[i] = m.host_pages
 
             async with anyio.create_task_group() as tg:
@@ -376,7 +331,7 @@ async def test_a_boundary_one_rank_cannot_restore_is_cut_and_agreed_again() -> N
 async def test_two_requests_loading_the_same_prefix_copy_it_once() -> None:
     rig = Rig(hybrid_plan(), delay_s=0.002)
     async with rig.engine, HiCache(rig.engine) as cache:
-        tokens = await _cached(rig, cache, 2)
+        tokens = await cached_on_host(rig, cache, 2)
         first = await cache.match(tokens)
         second = await cache.match(tokens)
         load1 = await cache.load(first)
@@ -389,4 +344,4 @@ async def test_two_requests_loading_the_same_prefix_copy_it_once() -> None:
         assert len(rig.transfer.calls_of("load")) == rig.layers  # one copy per layer, once
         first.release()
         second.release()
-        _clean(rig, cache)
+        assert_consistent(rig, cache)

@@ -14,8 +14,8 @@ from hicache.bootstrap.cache import open_cache
 from hicache.cache.face import HiCache
 from hicache.domain import ConfigError, PoolName, TransferError
 from hicache.domain.tiers import Tier
+from tests.cache.fake_rig import assert_consistent, cached_on_host, hybrid_plan
 from tests.cache.helpers import Request, assert_clean, stack_plan
-from tests.cache.test_consistency import _cached, _clean, hybrid_plan
 from tests.engine.fakes import Rig
 
 KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
@@ -107,7 +107,7 @@ async def test_a_fill_into_framework_owned_device_pages_takes_only_the_missing_p
 async def _state_off_device(rig: Rig, cache: HiCache, pages: int = 2) -> list[int]:
     """A request of ``pages`` pages with its checkpoint at the end, backed up to host; then its
     checkpoint leaves the device (its KV stays)."""
-    tokens = await _cached(rig, cache, pages)  # evicts the device: load it back first
+    tokens = await cached_on_host(rig, cache, pages)  # evicts the device: load it back first
     async with await cache.match(tokens) as m:
         await (await cache.load(m)).wait()
     assert (await cache.evict(Tier.DEVICE, 100, MAMBA)).evicted == 1
@@ -140,13 +140,13 @@ async def test_a_copy_failure_of_a_fill_frees_its_slot_and_keeps_the_device_copy
                 await load.wait()
         assert rig.device_slots.free_counts()[MAMBA] == free_state
         assert _device_kv(cache, tokens, 2) == kv
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
         async with await cache.match(tokens) as m:  # carry on: the same prefix loads
             await (await cache.load(m)).wait()
             placements = m.placements()
             assert [w[KV] for w in placements] == kv
             assert rig.transfer.device[MAMBA][0][placements[1][MAMBA]].startswith(b"r0/mamba/0/")
-        _clean(rig, cache)
+        assert_consistent(rig, cache)
 
 
 @pytest.mark.asyncio
@@ -168,4 +168,4 @@ async def test_cancelling_a_fill_in_flight_returns_its_slot() -> None:
             assert not load.ok
         assert rig.device_slots.free_counts()[MAMBA] == free_state
         assert _device_kv(cache, tokens, 2) == kv
-        _clean(rig, cache)
+        assert_consistent(rig, cache)

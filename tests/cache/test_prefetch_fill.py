@@ -26,9 +26,8 @@ from hicache.domain.storage import StoreKey, StoreStatus
 from hicache.domain.tiers import Tier, WriteSettings
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
+from tests.cache.fake_rig import FakeBuffers, assert_consistent, cached_on_host, hybrid_plan
 from tests.cache.helpers import Request, assert_clean, poison_device, stack_plan
-from tests.cache.test_consistency import _cached, _clean, hybrid_plan
-from tests.cache.test_storage import FakeBuffers
 from tests.engine.fakes import Rig
 from tests.storage.fakes import FakeStore
 
@@ -104,7 +103,7 @@ def _rig(store: FakeStore, **tier: object) -> tuple[Rig, HiCache]:
 async def _state_only_in_storage(rig: Rig, cache: HiCache, pages: int = 4) -> list[int]:
     """A request of ``pages`` pages (checkpoint at the end) on host and in the store, then off
     the device, and its checkpoint off host: the anchor's host pages stay."""
-    tokens = await _cached(rig, cache, pages)
+    tokens = await cached_on_host(rig, cache, pages)
     assert cache.statistics().stored_pages == pages
     assert (await cache.evict(Tier.HOST, 100, MAMBA)).evicted == 1
     m = cache.index.match(chain_keys(tokens, 4))
@@ -120,7 +119,7 @@ def _state_key(cache: HiCache, tokens: list[int], page: int) -> list[StoreKey]:
 def _consistent(rig: Rig, cache: HiCache, pages: int) -> None:
     """Index invariants, no pins or tickets, the anchor's host pages all still there, and every
     MAMBA host slot given out is one the index holds."""
-    _clean(rig, cache)
+    assert_consistent(rig, cache)
     assert cache.index.statistics().on_tier.host == pages
     on = sum(
         MAMBA in (cache.index.placement(Tier.HOST, k) or {})

@@ -21,10 +21,11 @@ from hicache.cache.storage import CacheStorage
 from hicache.cache.values import CacheSettings
 from hicache.domain import PoolName
 from hicache.domain.keys import chain_keys
-from hicache.domain.storage import PageBuffer, StoreStatus
+from hicache.domain.storage import StoreStatus
 from hicache.domain.tiers import PerTier, Tier, WriteSettings
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
+from tests.cache.fake_rig import FakeBuffers
 from tests.cache.helpers import STACKS, Request, assert_clean, restore, stack_plan
 from tests.engine.fakes import Rig, dense_plan
 from tests.storage.fakes import FakeStore
@@ -67,16 +68,6 @@ async def test_a_prefix_comes_back_from_the_directory_store_after_host_eviction_
 # ---- faults with FakeStore ------------------------------------------------------------------
 
 
-class FakeBuffers:
-    """HostPageBuffers over plain bytearrays (the fake engine has no real host memory)."""
-
-    def __init__(self, nbytes: int = 64) -> None:
-        self.pages: dict[tuple[PoolName, int], bytearray] = {}
-        self.nbytes = nbytes
-
-    def buffer(self, pool: PoolName, page: int) -> PageBuffer:
-        data = self.pages.setdefault((pool, page), bytearray(f"{pool.value}{page}".encode().ljust(self.nbytes, b".")))
-        return [memoryview(data)]
 
 
 class Clock:
