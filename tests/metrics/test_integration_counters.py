@@ -10,7 +10,7 @@ import pytest
 from hicache.domain import ConfigError, PerTier, Tier
 from hicache.metrics import Family, FamilyBuilder, HiCacheMetrics, IntegrationCounters
 from hicache.metrics.prometheus import exposition
-from tests.metrics.test_prometheus import samples, value
+from tests.metrics.scrape import samples, value
 
 
 def test_an_integrations_lookups_loads_saves_and_errors_are_scraped_by_source() -> None:

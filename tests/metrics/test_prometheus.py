@@ -17,7 +17,6 @@ import anyio
 import pytest
 import torch
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap import load_model_spec
@@ -26,25 +25,16 @@ from hicache.cache.values import CacheSettings
 from hicache.domain import ConfigError, PlanSettings, PoolName, Tier, WriteSettings, plan_stack
 from hicache.metrics import HiCacheMetrics, IntegrationCounters
 from hicache.metrics.prometheus import exposition, register, serve
+from tests.metrics.scrape import Samples, samples, value
 
 KV = PoolName.KV
 PAGE = 16
 TIERS = ("device", "host", "storage")
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def samples(text: str) -> Samples:
-    """Every sample of a scrape by (sample name, sorted labels), via prometheus's parser."""
-    out: Samples = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
-def value(scrape: Samples, name: str, **labels: str) -> float:
-    return scrape[(name, tuple(sorted(labels.items())))]
 
 
 def total(scrape: Samples, name: str, **labels: str) -> float:

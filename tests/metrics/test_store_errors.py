@@ -15,7 +15,7 @@ from hicache.domain import PlanSettings, PoolName, WriteSettings, plan_stack
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.metrics import HiCacheMetrics
 from hicache.metrics.prometheus import exposition
-from tests.metrics.test_prometheus import samples, value
+from tests.metrics.scrape import samples, value
 
 KV = PoolName.KV
 PAGE = 16
