@@ -46,7 +46,7 @@ from hicache.domain import (
     plan_stack,
 )
 from hicache.domain.ports import PageMap, Transfer
-from tests.adapters.test_pools import (
+from tests.adapters.pool_plans import (
     GEOMETRIES,
     framework_tensors,
     group_plan,
@@ -187,7 +187,7 @@ def test_big_and_small_pages_round_trip_with_every_backend(
     layout: Layout, page_size: int, closing: list[HostGroup]
 ) -> None:
     from hicache.domain import HostMemory, KVGeometry, MemoryKind
-    from tests.adapters.test_pools import pool_plan
+    from tests.adapters.pool_plans import pool_plan
 
     geo = KVGeometry(kv_heads=4, head_dim=64)
     kv = pool_plan(

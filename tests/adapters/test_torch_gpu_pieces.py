@@ -12,7 +12,7 @@ from hicache.adapters.device_pool import DeviceGroup
 from hicache.adapters.host_pool import materialise_host_group
 from hicache.domain import Layout, TransferError
 from hicache.domain.ports import PageMap
-from tests.adapters.test_copy import group_plan
+from tests.adapters.pool_plans import group_plan
 
 L, PAGES, P, H, D = 3, 6, 4, 2, 8
 

@@ -8,6 +8,7 @@
 - plans: a dense KV plan and a hybrid plan (KV anchor + K-only indexer sidecar + Mamba state on
   other layers), both small.
 - Rig: plan + transfer + streams + allocators + engine, with byte checks and leak checks.
+- NoEventStreams: CPU streams whose next new_event() fails once (a driver error).
 """
 
 from __future__ import annotations
@@ -467,3 +468,17 @@ class GatedTransfer:
 
     def layer_bytes(self, layer: int, maps: Sequence[PageMap]) -> int:
         return int(self.inner.layer_bytes(layer, maps))
+
+
+class NoEventStreams(CpuStreams):
+    """CPU streams whose next new_event() fails once, as a driver error would."""
+
+    def __init__(self) -> None:
+        super().__init__(name="no-event")
+        self.fail_next = False
+
+    def new_event(self):  # type: ignore[no-untyped-def]
+        if self.fail_next:
+            self.fail_next = False
+            raise InjectedFault("no event could be created")
+        return super().new_event()

@@ -14,16 +14,16 @@ import torch
 
 from hicache.adapters.copy import backend_status
 from hicache.bootstrap import load_model_spec
-from hicache.bootstrap.runtime import Runtime, open_runtime
+from hicache.bootstrap.runtime import open_runtime
 from hicache.domain import (
     ConfigError,
     HostGroupPlan,
     PlanSettings,
     PoolName,
-    PoolRole,
     plan_stack,
 )
 from hicache.engine import OperationState, TransferEngine
+from tests.engine.device_bytes import layer_matches, poison, write_device
 from tests.engine.fakes import GatedTransfer, hybrid_plan
 
 KV, MAMBA = PoolName.KV, PoolName.MAMBA
@@ -36,55 +36,12 @@ BACKENDS = [
 ]
 
 
-def _pages_of(rt: Runtime, pool: PoolName, pages: dict[PoolName, tuple[int, ...]]) -> list[int]:
-    owner = rt.plan.anchor.name if rt.plan.pool(pool).role is PoolRole.SIDECAR else pool
-    return list(pages.get(owner, ()))
 
 
-def _write_device(rt: Runtime, pages: dict[PoolName, tuple[int, ...]], seed: int) -> dict:
-    """Random bytes into every layer of the given device pages; returns what was written."""
-    gen = torch.Generator().manual_seed(seed)
-    written: dict = {}
-    for name, pool in rt.device.pools.items():
-        ps = pool.page_size
-        for buf, layers in pool.buffers.items():
-            for pl, t in enumerate(layers):
-                raw = t.view(torch.uint8).view(t.shape[0], -1)
-                for page in _pages_of(rt, name, pages):
-                    rows = raw[page * ps : (page + 1) * ps]
-                    data = torch.randint(0, 256, rows.shape, generator=gen, dtype=torch.uint8)
-                    rows.copy_(data)
-                    written[(name, buf, pl, page)] = data
-    return written
 
 
-def _layer_matches(
-    rt: Runtime,
-    layer: int,
-    written: dict,
-    src: dict[PoolName, tuple[int, ...]],
-    dst: dict[PoolName, tuple[int, ...]],
-) -> bool:
-    """Whether transfer layer ``layer`` of every pool holds, in ``dst``, what ``src`` held."""
-    for name, pool in rt.device.pools.items():
-        pl = pool.plan.binding.pool_layer(layer)
-        if pl is None:
-            continue
-        ps = pool.page_size
-        for buf, layers in pool.buffers.items():
-            raw = layers[pl].view(torch.uint8).view(layers[pl].shape[0], -1)
-            for s, d in zip(_pages_of(rt, name, src), _pages_of(rt, name, dst), strict=True):
-                # .cpu() runs on the current stream, so on a GPU it reads after wait_layer.
-                if not torch.equal(raw[d * ps : (d + 1) * ps].cpu(), written[(name, buf, pl, s)]):
-                    return False
-    return True
 
 
-def _poison(rt: Runtime) -> None:
-    for pool in rt.device.pools.values():
-        for layers in pool.buffers.values():
-            for t in layers:
-                t.view(torch.uint8).fill_(0xA5)
 
 
 def _plans() -> list[HostGroupPlan]:
@@ -107,19 +64,19 @@ async def test_back_up_evict_and_load_back_layer_by_layer_while_computing(
         engine = rt.engine
         # A request prefilled its pages on the device; back them up.
         device = rt.device_slots.allocate(counts).pages
-        written = _write_device(rt, device, seed=1)
+        written = write_device(rt, device, seed=1)
         backup = await engine.backup(device)
         await backup.wait()
         host = backup.host_pages
         # Evicted from the device; the memory gets overwritten by others.
         engine.free_device(device)
-        _poison(rt)
+        poison(rt)
         # A later request hits the prefix: load it back while the forward pass runs.
         x = torch.ones(32, 32)
         async with await engine.load(host) as handle:
             for layer in range(plan.transfer_layers):
                 handle.wait_layer(layer)
-                assert _layer_matches(rt, layer, written, device, handle.device_pages), layer
+                assert layer_matches(rt, layer, written, device, handle.device_pages), layer
                 x = torch.tanh(x @ x)  # the layer's compute
         assert handle.state is OperationState.DONE
         stats = engine.statistics()
@@ -139,11 +96,11 @@ async def test_cancel_a_real_load_in_the_middle_and_carry_on() -> None:
     plan = hybrid_plan(pages=8, page_size=4, slots=4)
     async with open_runtime(plan, device="cpu", backend="torch") as rt:
         device = rt.device_slots.allocate({KV: 2, MAMBA: 1}).pages
-        written = _write_device(rt, device, seed=2)
+        written = write_device(rt, device, seed=2)
         backup = await rt.engine.backup(device)
         await backup.wait()
         rt.engine.free_device(device)
-        _poison(rt)
+        poison(rt)
         # A second engine over the same runtime, whose copy backend holds layer 2 in flight.
         gated = GatedTransfer(rt.transfer, "load", layer=2)
         engine = TransferEngine(
@@ -157,7 +114,7 @@ async def test_cancel_a_real_load_in_the_middle_and_carry_on() -> None:
         async with engine:
             handle = await engine.load(backup.host_pages)
             handle.wait_layer(1)
-            assert _layer_matches(rt, 1, written, device, handle.device_pages)
+            assert layer_matches(rt, 1, written, device, handle.device_pages)
             await anyio.to_thread.run_sync(gated.gate.entered.wait, 5)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(handle.cancel)
@@ -170,7 +127,7 @@ async def test_cancel_a_real_load_in_the_middle_and_carry_on() -> None:
             again = await engine.load(backup.host_pages)
             for layer in range(plan.transfer_layers):
                 again.wait_layer(layer)
-                assert _layer_matches(rt, layer, written, device, again.device_pages)
+                assert layer_matches(rt, layer, written, device, again.device_pages)
             await again.wait()
 
 
@@ -223,14 +180,14 @@ async def test_a_merged_step_with_a_shared_load_on_the_real_backend(backend: str
         engine = rt.engine
         a = rt.device_slots.allocate({KV: 2, MAMBA: 1}).pages
         b = rt.device_slots.allocate({KV: 3}).pages
-        written = _write_device(rt, {KV: (*a[KV], *b[KV]), MAMBA: a[MAMBA]}, seed=4)
+        written = write_device(rt, {KV: (*a[KV], *b[KV]), MAMBA: a[MAMBA]}, seed=4)
         ba, bb = engine.prepare_backup(a), engine.prepare_backup(b)
         engine.submit()  # one backup call for both
         await ba.wait()
         await bb.wait()
         engine.free_device(a)
         engine.free_device(b)
-        _poison(rt)
+        poison(rt)
         la = engine.prepare_load(ba.host_pages)
         lb = engine.prepare_load(bb.host_pages)
         shared = engine.prepare_load(ba.host_pages)  # joins la
@@ -238,7 +195,7 @@ async def test_a_merged_step_with_a_shared_load_on_the_real_backend(backend: str
         for layer in range(plan.transfer_layers):
             for handle, src in ((la, a), (lb, b), (shared, a)):
                 handle.wait_layer(layer)
-                assert _layer_matches(rt, layer, written, src, handle.device_pages)
+                assert layer_matches(rt, layer, written, src, handle.device_pages)
         for handle in (la, lb, shared):
             await handle.wait()
         assert shared.joined

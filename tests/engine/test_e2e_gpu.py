@@ -10,8 +10,8 @@ import torch
 from hicache.bootstrap.runtime import open_runtime
 from hicache.domain import PoolName
 from hicache.engine import OperationState
+from tests.engine.device_bytes import layer_matches, poison, write_device
 from tests.engine.fakes import hybrid_plan
-from tests.engine.test_e2e_cpu import _layer_matches, _poison, _write_device
 
 KV, MAMBA = PoolName.KV, PoolName.MAMBA
 
@@ -24,17 +24,17 @@ async def test_back_up_and_load_back_on_a_gpu_while_computing() -> None:
         engine = rt.engine
         assert all(pool.pinned for pool in rt.host.pools.values())
         device = rt.device_slots.allocate({KV: 3, MAMBA: 1}).pages
-        written = _write_device(rt, device, seed=3)
+        written = write_device(rt, device, seed=3)
         backup = await engine.backup(device)  # the backup stream waits for that compute
         await backup.wait()
         engine.free_device(device)
-        _poison(rt)
+        poison(rt)
         x = torch.ones(256, 256, device="cuda")
         async with await engine.load(backup.host_pages) as handle:
             for layer in range(plan.transfer_layers):
                 handle.wait_layer(layer)  # the compute stream waits, the CPU goes on
                 x = torch.tanh(x @ x)
-                assert _layer_matches(rt, layer, written, device, handle.device_pages)
+                assert layer_matches(rt, layer, written, device, handle.device_pages)
         assert handle.state is OperationState.DONE
         stats = handle.statistics()
         assert stats.copy_s > 0  # CUDA timing events

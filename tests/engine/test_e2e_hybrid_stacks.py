@@ -25,7 +25,7 @@ from hicache.domain import (
     plan_stack,
 )
 from hicache.engine import OperationState
-from tests.engine.test_e2e_cpu import _layer_matches, _poison, _write_device
+from tests.engine.device_bytes import layer_matches, poison, write_device
 
 FULL, SLIDING = LayerKind.FULL_ATTENTION, LayerKind.SLIDING_ATTENTION
 SMALL = PlanSettings(page_size=4, device_tokens=32, device_slots=4)
@@ -82,16 +82,16 @@ async def test_back_up_evict_and_load_back_every_byte(name: str) -> None:
     async with open_runtime(plan, device="cpu", backend="torch") as rt:
         engine = rt.engine
         device = rt.device_slots.allocate(counts).pages
-        written = _write_device(rt, device, seed=7)
+        written = write_device(rt, device, seed=7)
         backup = await engine.backup(device)
         await backup.wait()
         host = backup.host_pages
         engine.free_device(device)
-        _poison(rt)
+        poison(rt)
         async with await engine.load(host) as handle:
             for layer in range(plan.transfer_layers):
                 handle.wait_layer(layer)
-                assert _layer_matches(rt, layer, written, device, handle.device_pages), layer
+                assert layer_matches(rt, layer, written, device, handle.device_pages), layer
         assert handle.state is OperationState.DONE
         engine.free_device(handle.device_pages)
         engine.free_host(host)

@@ -7,7 +7,7 @@ import pytest
 from hicache.adapters.streams.cpu import CpuStreams
 from hicache.domain import PoolName, TransferError
 from hicache.engine import OperationState
-from tests.engine.fakes import InjectedFault, Rig, hybrid_plan
+from tests.engine.fakes import InjectedFault, NoEventStreams, Rig, hybrid_plan
 
 KV, MAMBA = PoolName.KV, PoolName.MAMBA
 
@@ -139,23 +139,11 @@ async def test_streams_that_refuse_work_fail_the_loads_not_the_engine() -> None:
         rig.close_streams()
 
 
-class _NoEventStreams(CpuStreams):
-    """CPU streams whose next new_event() fails once, as a driver error would."""
-
-    def __init__(self) -> None:
-        super().__init__(name="no-event")
-        self.fail_next = False
-
-    def new_event(self):  # type: ignore[no-untyped-def]
-        if self.fail_next:
-            self.fail_next = False
-            raise InjectedFault("no event could be created")
-        return super().new_event()
 
 
 @pytest.mark.asyncio
 async def test_a_submission_that_cannot_start_keeps_its_operations_to_retry_or_cancel() -> None:
-    streams = _NoEventStreams()
+    streams = NoEventStreams()
     rig = Rig(hybrid_plan(), streams=streams)
     try:
         async with rig.engine as engine:

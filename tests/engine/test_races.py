@@ -17,8 +17,7 @@ import pytest
 
 from hicache.domain import PoolName, TransferError
 from hicache.engine import LoadHandle, OperationState
-from tests.engine.fakes import Gate, InjectedFault, Rig, dense_plan
-from tests.engine.test_faults import _NoEventStreams
+from tests.engine.fakes import Gate, InjectedFault, NoEventStreams, Rig, dense_plan
 
 KV = PoolName.KV
 ROUNDS = 150  # today's code without the fix: about 1 round in 15 leaves a waiter stuck
@@ -26,7 +25,7 @@ ROUNDS = 150  # today's code without the fix: about 1 round in 15 leaves a waite
 
 @pytest.mark.asyncio
 async def test_a_load_whose_submission_is_refused_is_rolled_back_before_the_error() -> None:
-    streams = _NoEventStreams()
+    streams = NoEventStreams()
     rig = Rig(streams=streams)
     try:
         async with rig.engine as engine:
@@ -51,7 +50,7 @@ async def test_a_load_whose_submission_is_refused_is_rolled_back_before_the_erro
 
 @pytest.mark.asyncio
 async def test_a_backup_whose_submission_is_refused_is_rolled_back_before_the_error() -> None:
-    streams = _NoEventStreams()
+    streams = NoEventStreams()
     rig = Rig(streams=streams)
     try:
         async with rig.engine as engine:
@@ -68,7 +67,7 @@ async def test_a_backup_whose_submission_is_refused_is_rolled_back_before_the_er
 
 @pytest.mark.asyncio
 async def test_a_refused_load_that_joined_another_leaves_the_first_one_whole() -> None:
-    streams = _NoEventStreams()
+    streams = NoEventStreams()
     rig = Rig(streams=streams)
     try:
         async with rig.engine as engine:

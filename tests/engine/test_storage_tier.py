@@ -19,9 +19,8 @@ from hicache.domain.namespace import RankIdentity, group_namespaces
 from hicache.domain.storage import HostPageBuffers, PageBuffer, Store, StoreKey, StoreStatus
 from hicache.engine.storage_settings import PrefetchPolicy, StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
-from tests.adapters.test_pools import group_plan
+from tests.adapters.pool_plans import fill_random, group_plan, page_bytes
 from tests.storage.fakes import FakeStore
-from tests.storage.test_page_buffers import fill_random, page_bytes
 
 KV, IDX = PoolName.KV, PoolName.INDEXER
 POOLS = (KV, IDX)

@@ -29,7 +29,7 @@ from hicache.domain import (
     StoreError,
 )
 from hicache.domain.storage import PageBuffer, Store, StoreKey, StoreStatus
-from tests.adapters.test_pools import group_plan
+from tests.adapters.pool_plans import group_plan
 from tests.storage.mooncake_support import require_mooncake
 
 require_mooncake()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hicache.adapters.host_pool import HostPool, materialise_host_group
+from hicache.adapters.host_pool import materialise_host_group
 from hicache.adapters.storage import (
     DirectorySettings,
     DirectoryStore,
@@ -16,31 +16,15 @@ from hicache.adapters.storage import (
 )
 from hicache.domain import DType, ForeignIndexError, HostMemoryError, Layout
 from hicache.domain.storage import StoreStatus, buffer_nbytes
-from tests.adapters.test_pools import group_plan, host_page, valid
+from tests.adapters.pool_plans import fill_random, group_plan, page_bytes, valid
 from tests.storage.conftest import key
 
 KINDS = ["mha", "mla", "indexer", "indexer_fp8", "state"]
 CASES = [(k, lay) for k in KINDS for lay in Layout if valid(k, lay)]
 
 
-def fill_random(pool: HostPool, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    for buf in pool.buffers.values():
-        raw = buf.view(-1).view(torch.uint8)
-        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
 
 
-def page_bytes(pool: HostPool, page: int) -> list[bytes]:
-    """Page ``page`` of every buffer and layer, read through the layout's definition."""
-    out = []
-    for buf in pool.buffers.values():
-        layers = buf.shape[0] if pool.layout is Layout.LAYER_FIRST else buf.shape[1]
-        if pool.layout is Layout.PAGE_HEAD:
-            layers = buf.shape[3]
-        for layer in range(layers):
-            view = host_page(buf, pool.layout, layer, page, pool.page_size)
-            out.append(view.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return out
 
 
 @pytest.mark.parametrize(("kind", "layout"), CASES, ids=[f"{k}-{lay.value}" for k, lay in CASES])
