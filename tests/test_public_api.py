@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hicache
-from tests.test_layering import modules_after_import
+from tests.fresh_imports import modules_after_import
 
 ROOT = Path(__file__).resolve().parents[1]
 

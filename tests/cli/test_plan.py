@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hicache.cli import main
-from tests.domain.test_fixture_plans import EXPECTED, actual_document, expected_document
+from tests.domain.fixture_expectations import EXPECTED, actual_document, expected_document
 
 TOP_KEYS = {
     "model_type",

@@ -25,6 +25,7 @@ from hicache.domain import (
     plan_stack,
     stage_range,
 )
+from tests.domain.fixture_expectations import EXPECTED
 
 TOKENS = 131072
 SLOTS = 512
@@ -342,3 +343,8 @@ def test_inkling_conv_state_is_bf16_whatever_the_model_dtype(fixtures_dir: Path)
     state = spec.rank_geometries(2).state
     assert state is not None
     assert {t.dtype for t in state.tensors} == {DType.BF16}
+
+
+def test_every_fixture_is_covered(fixtures_dir: Path) -> None:
+    names = {p.stem for p in fixtures_dir.glob("*.json")}
+    assert names == {name for name, _ in EXPECTED} | set(HYBRID_FIXTURES)
