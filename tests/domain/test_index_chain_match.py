@@ -22,7 +22,7 @@ from hicache.domain import (
     key_chain,
 )
 from hicache.domain.index_pages import PageRecord
-from tests.domain.test_index_long_prompts import PerPageIndex, dropped, outcome
+from tests.domain.per_page_index import PerPageIndex, dropped, outcome
 
 KV = PoolName.KV
 

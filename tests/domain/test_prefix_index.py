@@ -9,27 +9,13 @@ import threading
 import pytest
 
 from hicache.domain import CacheStateError, ConfigError, PoolName
-from hicache.domain.hybrid import GroupRules, PoolRule, Restore
-from hicache.domain.keys import chain_keys
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Actions, PerTier, Tier, WritePolicy, WriteSettings
+from tests.domain.index_rules import HYBRID, PLAIN, keys
 
 KV, IDX, MAMBA = PoolName.KV, PoolName.INDEXER, PoolName.MAMBA
 D, H, S = Tier.DEVICE, Tier.HOST, Tier.STORAGE
-PLAIN = GroupRules(page_size=4, rules=[PoolRule(pool=KV, restore=Restore.ALL_PAGES)])
-HYBRID = GroupRules(
-    page_size=4,
-    rules=[
-        PoolRule(pool=KV, restore=Restore.ALL_PAGES),
-        PoolRule(pool=IDX, restore=Restore.ALL_PAGES, follows_anchor=True),
-        PoolRule(pool=MAMBA, restore=Restore.CHECKPOINT),
-    ],
-)
 _ids = itertools.count(100)
-
-
-def keys(n: int, base: int = 0) -> list[bytes]:
-    return chain_keys(list(range(base, base + 4 * n)), 4)
 
 
 def at(n: int) -> list[dict[PoolName, int]]:

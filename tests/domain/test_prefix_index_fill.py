@@ -8,7 +8,7 @@ import pytest
 from hicache.domain import CacheStateError, ConfigError, PoolName
 from hicache.domain.prefix_index import PrefixIndex
 from hicache.domain.tiers import Tier, WriteSettings
-from tests.domain.test_prefix_index import HYBRID, keys
+from tests.domain.index_rules import HYBRID, keys
 
 KV, IDX, MAMBA = PoolName.KV, PoolName.INDEXER, PoolName.MAMBA
 D, H, S = Tier.DEVICE, Tier.HOST, Tier.STORAGE
