@@ -4,6 +4,7 @@
   with this process's import path, wait for its first stdout line (whose first word must be
   ``ready``), sleep ``delay``, SIGKILL it, reap it, and return that line's words after ``ready``;
   the child must not write to stdout after that line.
+- dead_pid(): the pid of a process that has exited and been reaped.
 """
 
 from __future__ import annotations
@@ -46,3 +47,10 @@ def kill_after_first_line(
             proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
     return line[1:]
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

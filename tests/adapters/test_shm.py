@@ -16,6 +16,7 @@ import torch
 from hicache.adapters.host_memory import ShmRegion, gc_segments, list_segments
 from hicache.domain import ConfigError, HostMemoryError, MemoryKind
 from tests.adapters.conftest import PAGE, SHM_DIR, python_command, rss_bytes, run_python
+from tests.child_process import dead_pid
 
 MiB = 1 << 20
 
@@ -29,11 +30,6 @@ time.sleep(120)
 """
 
 
-def dead_pid() -> int:
-    """The pid of a process that has exited and been reaped."""
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
 
 
 def start_and_kill_owner(nbytes: int, cleanup: list[str]) -> tuple[str, int]:

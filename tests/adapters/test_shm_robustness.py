@@ -13,7 +13,7 @@ import pytest
 
 from hicache.adapters.host_memory import ShmRegion, gc_segments, list_segments
 from tests.adapters.conftest import PAGE, SHM_DIR, python_command
-from tests.adapters.test_shm import dead_pid
+from tests.child_process import dead_pid
 
 
 def _start(code: str) -> tuple[subprocess.Popen[str], list[str]]:
