@@ -7,64 +7,23 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import structlog
 
 from hicache.domain import ConfigError, PoolName
-from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
+from hicache.domain.storage import StoreKey, StoreStatus
 from hicache.engine.bounded import BoundedSettings, BoundedStorage, Outcome
-from tests.storage.fakes import FakeStore
+from tests.storage.fakes import HangingStore
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
 KV = PoolName.KV
 DEADLINE, GRACE = 0.2, 0.2
 BOUND = DEADLINE + GRACE
-
-
-class HangingStore(FakeStore):
-    """A FakeStore whose calls hang (ignoring their deadline) while ``hang`` is set, until
-    ``release`` is set; a get that hung then writes its bytes, as a late store would."""
-
-    def __init__(self) -> None:
-        super().__init__(name="hanging")
-        self.hang = threading.Event()
-        self.release = threading.Event()
-        self.entered = threading.Event()
-
-    def _wait(self) -> None:
-        if self.hang.is_set():
-            self.entered.set()
-            self.release.wait(30)
-
-    def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
-        self._wait()
-        return super().exists(keys, deadline=None)
-
-    def get(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        self._wait()
-        return super().get(keys, buffers, deadline=None)
-
-    def put(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        self._wait()
-        return super().put(keys, buffers, deadline=None)
 
 
 def pkeys(n: int, tag: str = "p") -> list[bytes]:
@@ -227,7 +186,14 @@ def test_settings_refuse_anything_but_finite_positive_seconds(field: str, value:
 
 EXIT_SCRIPT = """
 import sys, threading, time
-from tests.engine.test_bounded import HangingStore, pkeys, page, KV
+import hashlib
+from hicache.domain import PoolName
+from tests.storage.fakes import HangingStore
+KV = PoolName.KV
+def pkeys(n):
+    return [hashlib.sha256(f"p{i}".encode()).digest() for i in range(n)]
+def page(fill):
+    return [memoryview(bytearray([fill]) * 64)]
 from hicache.engine.bounded import BoundedSettings, BoundedStorage, Outcome
 store = HangingStore()
 store.hang.set()

@@ -6,7 +6,14 @@
   keys of ``op`` ("exists", "get", "put", "remove") answer ``status`` (exists answers False);
   ``slow(seconds)`` sleeps that long before each key, so a deadline passes mid-batch and the
   rest answer TRANSIENT; ``phantom(key)`` makes ``exists`` say True while ``get`` misses;
-  ``raise_on(op, exc)`` makes the next call of ``op`` raise (a broken plug-in).
+  ``raise_on(op, exc)`` makes the next call of ``op`` raise (a broken plug-in);
+  ``fail_after(n, status)`` makes the keys after the first n of every get answer ``status``
+  (a fault in the middle of a load); ``damage(fn)`` calls ``fn(key, buffer)`` on every page a
+  get read OK (bytes damaged after the read, which a checksum cannot see); ``hang`` (an Event):
+  while set, exists / get / put wait, ignoring their deadline, until ``release`` is set (at most
+  30 s), setting ``entered`` first; a get that hung then writes its bytes, as a late store would.
+- HangingStore: a FakeStore named "hanging" that ignores deadlines (the bounded-storage
+  tests' store).
 """
 
 from __future__ import annotations
@@ -49,6 +56,11 @@ class FakeStore:
         self._phantoms: set[StoreKey] = set()
         self._delay = 0.0
         self._raise: dict[str, BaseException] = {}
+        self._fail_after: tuple[int, StoreStatus] | None = None
+        self._damage: Callable[[StoreKey, PageBuffer], None] | None = None
+        self.hang = threading.Event()
+        self.release = threading.Event()
+        self.entered = threading.Event()
 
     @property
     def name(self) -> str:
@@ -79,6 +91,20 @@ class FakeStore:
     def raise_on(self, op: str, exc: BaseException) -> None:
         self._raise[op] = exc
 
+    def fail_after(self, n: int | None, status: StoreStatus = StoreStatus.TRANSIENT) -> None:
+        self._fail_after = None if n is None else (n, status)
+
+    def damage(self, fn: Callable[[StoreKey, PageBuffer], None] | None) -> None:
+        self._damage = fn
+
+    def _wait(self, deadline: float | None) -> float | None:
+        """Hang while ``hang`` is set; a call that hung ignores its deadline."""
+        if not self.hang.is_set():
+            return deadline
+        self.entered.set()
+        self.release.wait(30)
+        return None
+
     def _fault(self, op: str, key: StoreKey) -> StoreStatus | None:
         with self._lock:
             for fault in self._faults.get(op, []):
@@ -106,6 +132,7 @@ class FakeStore:
 
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
         self._enter("exists")
+        deadline = self._wait(deadline)
         out = []
         for key in keys:
             if self.closed or self._late(deadline) or self._fault("exists", key) is not None:
@@ -122,7 +149,15 @@ class FakeStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        return self._batch("get", keys, buffers, deadline, self._read)
+        statuses = self._batch("get", keys, buffers, self._wait(deadline), self._read)
+        if self._fail_after is not None:
+            n, status = self._fail_after
+            statuses = [s if i < n else status for i, s in enumerate(statuses)]
+        if self._damage is not None:
+            for key, status, buffer in zip(keys, statuses, buffers, strict=True):
+                if status.ok:
+                    self._damage(key, buffer)
+        return statuses
 
     def _batch(
         self,
@@ -168,7 +203,7 @@ class FakeStore:
         *,
         deadline: float | None = None,
     ) -> list[StoreStatus]:
-        return self._batch("put", keys, buffers, deadline, self._write)
+        return self._batch("put", keys, buffers, self._wait(deadline), self._write)
 
     def _write(self, key: StoreKey, buffer: PageBuffer) -> StoreStatus:
         data = b"".join(bytes(seg) for seg in buffer)
@@ -203,3 +238,14 @@ class FakeStore:
     def close(self) -> None:
         self.calls["close"] += 1
         self.closed = True
+
+
+class HangingStore(FakeStore):
+    """A FakeStore named "hanging" whose calls hang while ``hang`` is set (see the module) and
+    ignore their deadline always (the bounded layer, not the store, keeps time)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="hanging")
+
+    def _wait(self, deadline: float | None) -> None:
+        super()._wait(deadline)
