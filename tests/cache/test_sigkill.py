@@ -18,34 +18,20 @@ from hicache.adapters.host_memory import gc_segments
 from hicache.adapters.page_patterns import DevicePatterns
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.adapters.storage.directory import TMP_SUFFIX
-from hicache.bootstrap import load_model_spec
 from hicache.bootstrap.cache import open_cache
-from hicache.cache.values import CacheSettings
-from hicache.domain import PlanSettings, PoolName, plan_stack
+from hicache.domain import PoolName
 from hicache.domain.keys import chain_keys
-from hicache.domain.tiers import Tier, WriteSettings
+from hicache.domain.tiers import Tier
+from tests.cache.killed_cache import PAGE, PAGES, SETTINGS, plan, request
 from tests.child_process import kill_after_first_line
 
 KV = PoolName.KV
-PAGES = 6
-PAGE = 16
 
 
-def request(r: int) -> list[int]:
-    return [1_000_000 * (r + 1) + j for j in range(PAGES * PAGE)] + [1, 2]
 
 
-def plan(shm: bool):  # type: ignore[no-untyped-def]
-    from hicache.bootstrap.config import storage_settings
-
-    extra = {"storage": storage_settings("dynamic", '{"allocator": "shm"}')} if shm else {}
-    return plan_stack(
-        load_model_spec("llama-3.1-8b-instruct"),
-        PlanSettings(tp_size=8, page_size=PAGE, device_tokens=12 * PAGE, **extra),
-    )
 
 
-SETTINGS = CacheSettings(writes=WriteSettings(host="write_through", storage="write_through"))
 
 CHILD = """
 import logging, sys, anyio, structlog
@@ -57,7 +43,7 @@ from hicache.bootstrap.cache import open_cache
 from hicache.domain import OutOfSlotsError, PoolName
 from hicache.domain.keys import chain_keys
 from hicache.domain.tiers import Tier
-from tests.cache.test_sigkill import PAGE, SETTINGS, plan, request
+from tests.cache.killed_cache import PAGE, SETTINGS, plan, request
 import os
 
 async def main():
