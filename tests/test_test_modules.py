@@ -26,6 +26,8 @@ KNOWN: frozenset[str] = frozenset(
         "tests.integrations.vllm.test_scheduler_hooks",
         "tests.integrations.vllm.test_hicache_metrics",
         "tests.integrations.vllm.test_bounded_store",
+        "tests.integrations.vllm.test_connector_logs",
+        "tests.integrations.vllm.test_vllm_api_server",
     }
 )
 
