@@ -47,6 +47,7 @@ OTHER_ENV_VARS = frozenset(
         "HICACHE_MOONCAKE",  # scripts/setup
         "HICACHE_ENGINES",  # scripts/setup
         "HICACHE_VLLM",  # scripts/setup
+        "HICACHE_WHEELS",  # scripts/gpu-check, scripts/gpu-wheels: carried wheels
         "HICACHE_REQUIRE_MOONCAKE",  # tests
         "HICACHE_REQUIRE_VLLM",  # tests
         "HICACHE_REQUIRE_SGLANG",  # tests
