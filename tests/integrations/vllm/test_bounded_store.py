@@ -17,7 +17,7 @@ from hicache.integrations.vllm.plan import Event, Op, StepPlan, store_key
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.worker import WorkerTransfers, block_rows
-from tests.integrations.vllm.test_worker_transfers import BLOCKS, caches
+from tests.integrations.vllm.worker_helpers import BLOCKS, caches
 from tests.storage.fakes import HangingStore
 
 pytestmark = pytest.mark.timeout(60)

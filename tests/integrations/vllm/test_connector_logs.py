@@ -12,8 +12,8 @@ from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.integrations.vllm.logs import RateLimitedWarnings
 from hicache.integrations.vllm.plan import LoadOp, SaveOp, StepPlan
 from hicache.integrations.vllm.stats import ConnectorStats
-from tests.integrations.vllm.test_worker_transfers import caches, key, transfers
 from tests.integrations.vllm.vllm_support import require_vllm
+from tests.integrations.vllm.worker_helpers import caches, key, transfers
 
 
 class Clock:

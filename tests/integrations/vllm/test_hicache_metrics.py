@@ -21,8 +21,8 @@ from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.metrics import HiCacheMetrics
 from hicache.metrics.prometheus import exposition
-from tests.integrations.vllm.test_scheduler_side import BS, Exists, prefill, side
-from tests.integrations.vllm.test_worker_transfers import caches, key, transfers
+from tests.integrations.vllm.side_helpers import BS, Exists, prefill, side
+from tests.integrations.vllm.worker_helpers import caches, key, transfers
 
 TOKENS = list(range(1, 26))  # 6 full blocks and 1 token
 

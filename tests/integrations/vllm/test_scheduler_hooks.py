@@ -24,7 +24,7 @@ from hicache.integrations.vllm.scheduler import SchedulerSide  # noqa: E402
 from hicache.integrations.vllm.scheduler_role import SchedulerConnector  # noqa: E402
 from hicache.integrations.vllm.settings import ConnectorSettings  # noqa: E402
 from hicache.integrations.vllm.stats import ConnectorStats  # noqa: E402
-from tests.integrations.vllm.test_scheduler_side import (  # noqa: E402
+from tests.integrations.vllm.side_helpers import (  # noqa: E402
     BS,
     PROMPT,
     Exists,

@@ -23,10 +23,9 @@ from tests.integrations.vllm.vllm_support import require_vllm
 
 require_vllm()
 
-from tests.integrations.vllm.test_vllm_connector import _env, tiny_llama  # noqa: E402
+from tests.integrations.vllm.real_vllm import child_env  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(300)]
-__all__ = ["tiny_llama"]  # the session fixture, used here
 
 
 def _free_port() -> int:
@@ -67,7 +66,7 @@ def test_the_documented_server_command_answers_a_completion_with_the_connector(
     ]  # fmt: skip
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
-        cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        cmd, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
         deadline = time.monotonic() + 240

@@ -10,10 +10,6 @@ within one mode only (eager bf16 tokens differ between modes' kernels).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +19,7 @@ from tests.integrations.vllm.vllm_support import require_vllm
 
 require_vllm()
 
+from tests.integrations.vllm.real_vllm import counted, run_spec  # noqa: E402
 from tests.integrations.vllm.scenario import (  # noqa: E402
     BLOCK,
     FULL_HIT,
@@ -32,51 +29,6 @@ from tests.integrations.vllm.scenario import (  # noqa: E402
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama") / "model"
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"from tests.integrations.vllm.runner import make_model; "
-            f"from pathlib import Path; make_model(Path({str(folder)!r}))",
-        ],
-        cwd=ROOT,
-        env=_env(),
-        check=True,
-        timeout=300,
-    )
-    return folder
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    return env
-
-
-def run_spec(spec: dict[str, Any], tmp: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    path = tmp / "spec.json"
-    path.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.integrations.vllm.runner", str(path)],
-        cwd=ROOT,
-        env={**_env(), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("HICACHE-RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise AssertionError(f"vLLM run failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads(lines[-1].removeprefix("HICACHE-RESULT "))  # type: ignore[no-any-return]
-
-
 @pytest.fixture(scope="module")
 def scenario(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The whole scenario in vLLM's single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
@@ -123,12 +75,6 @@ def test_storage_hit_after_restart_gives_identical_tokens(scenario: dict[str, An
     assert hit["tokens"] == _gen(scenario, 0, 0)["tokens"]
 
 
-def _counted(result: dict[str, Any], phase: int, before: int, after: int) -> dict[str, float]:
-    """What vLLM's counters of the connector grew by between two "metrics" steps."""
-    old, new = result["phases"][phase][before], result["phases"][phase][after]
-    return {k: v - old.get(k, 0) for k, v in new.items() if v != old.get(k, 0)}
-
-
 def _page_bytes(result: dict[str, Any]) -> float:
     """One page's bytes: the restart's first storage hit (c0) read FULL_HIT tokens' pages."""
     return result["phases"][2][3]["vllm:hicache_read_bytes"] / (FULL_HIT // BLOCK)  # type: ignore[no-any-return]
@@ -138,7 +84,7 @@ def test_store_fault_mid_load_recomputes_identical_tokens(scenario: dict[str, An
     got = _gen(scenario, 2, 4)
     assert got["tokens"] == _gen(scenario, 0, 4)["tokens"]
     assert got["cached"] == FULL_HIT  # the store's hit was offered and accepted
-    grew = _counted(scenario, 2, 3, 5)
+    grew = counted(scenario, 2, 3, 5)
     pages = FULL_HIT // BLOCK
     # exactly the 2 pages before the fault were read, the other 7 failed and were recomputed
     assert grew["vllm:hicache_read_bytes"] == 2 * _page_bytes(scenario)
@@ -157,7 +103,7 @@ def test_damaged_stored_bytes_are_recomputed_by_checksum(scenario: dict[str, Any
     got = _gen(scenario, 2, 14)
     assert got["tokens"] == _gen(scenario, 0, 0)["tokens"]
     assert got["cached"] == 0  # every page failed its checksum: vLLM recomputed from block 0
-    grew = _counted(scenario, 2, 13, 15)
+    grew = counted(scenario, 2, 13, 15)
     assert grew["vllm:hicache_hit_tokens_storage"] == FULL_HIT  # the hit was planned
     assert grew["vllm:hicache_read_errors"] == FULL_HIT // BLOCK  # and every read rejected
     assert "vllm:hicache_read_bytes" not in grew

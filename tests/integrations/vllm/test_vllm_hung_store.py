@@ -18,8 +18,8 @@ from tests.integrations.vllm.vllm_support import require_vllm
 
 require_vllm()
 
+from tests.integrations.vllm.real_vllm import run_spec  # noqa: E402
 from tests.integrations.vllm.scenario import PROMPT0, PROMPT1, faulty  # noqa: E402
-from tests.integrations.vllm.test_vllm_connector import run_spec, tiny_llama  # noqa: E402, F401
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 BOUND = {"deadline_s": 0.5, "grace_s": 0.5}
@@ -58,7 +58,7 @@ def hung_spec(model: Path, tmp: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def hung(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:  # noqa: F811
+def hung(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("vllm-hung")
     return run_spec(hung_spec(tiny_llama, tmp), tmp)
 

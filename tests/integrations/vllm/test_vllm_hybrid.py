@@ -21,6 +21,7 @@ from tests.integrations.vllm.vllm_support import require_vllm
 
 require_vllm()
 
+from tests.integrations.vllm.real_vllm import ROOT, child_env, counted, run_spec  # noqa: E402
 from tests.integrations.vllm.scenario import (  # noqa: E402
     HBLOCK,
     HYBRID_FOLLOWUP_HIT,
@@ -28,7 +29,6 @@ from tests.integrations.vllm.scenario import (  # noqa: E402
     hybrid_spec,
     hybrid_two_process_spec,
 )
-from tests.integrations.vllm.test_vllm_connector import ROOT, _counted, _env, run_spec  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -44,7 +44,7 @@ def qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
             f"from pathlib import Path; make_hybrid_model(Path({str(folder)!r}))",
         ],
         cwd=ROOT,
-        env=_env(),
+        env=child_env(),
         check=True,
         timeout=300,
     )
@@ -130,7 +130,7 @@ def test_hybrid_store_fault_mid_load_recomputes_identical_tokens(hybrid: dict[st
     got = _gen(hybrid, 3, 5)
     assert got["cached"] == 0  # all or nothing: vLLM recomputes the whole request
     assert got["tokens"] == _gen(hybrid, 0, 0)["tokens"]
-    grew = _counted(hybrid, 3, 4, 6)
+    grew = counted(hybrid, 3, 4, 6)
     assert grew["vllm:hicache_hit_tokens_storage"] == HYBRID_HIT  # the hit was planned
     assert grew["vllm:hicache_read_bytes"] > 0  # the object before the fault was read
     assert grew["vllm:hicache_read_errors"] == HIT_OBJECTS - 1  # every one after it failed
@@ -157,7 +157,7 @@ def test_hybrid_damaged_stored_bytes_are_recomputed_by_checksum(hybrid: dict[str
     got = _gen(hybrid, 3, 18)
     assert got["cached"] == 0
     assert got["tokens"] == _gen(hybrid, 0, 0)["tokens"]
-    grew = _counted(hybrid, 3, 17, 19)
+    grew = counted(hybrid, 3, 17, 19)
     assert grew["vllm:hicache_hit_tokens_storage"] == HYBRID_HIT  # the hit was planned
     assert grew["vllm:hicache_read_errors"] == HIT_OBJECTS  # every object failed its checksum
     assert "vllm:hicache_read_bytes" not in grew

@@ -18,8 +18,8 @@ from tests.integrations.vllm.vllm_support import require_vllm
 
 require_vllm()
 
+from tests.integrations.vllm.real_vllm import ROOT, child_env, run_spec  # noqa: E402
 from tests.integrations.vllm.scenario import KEYS_HIT, keys_spec  # noqa: E402
-from tests.integrations.vllm.test_vllm_connector import ROOT, _env, run_spec  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -38,7 +38,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             f"make_lora(Path({str(a)!r}), seed=1); make_lora(Path({str(b)!r}), seed=2)",
         ],
         cwd=ROOT,
-        env=_env(),
+        env=child_env(),
         check=True,
         timeout=300,
     )

@@ -13,36 +13,10 @@ from hicache.adapters.copy.rows import RowCopier
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.domain import DeviceError, TransferError
 from hicache.domain.storage import StoreKey
-from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.plan import LoadOp, Op, SaveOp, StepPlan
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, choose_copier
-
-BLOCKS = 8
-
-
-def caches() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    # vLLM CPU layout: blocks first, then K/V, heads, tokens, head dim (order inside is opaque)
-    return {
-        f"layer.{i}": torch.randn(BLOCKS, 2, 2, 4, 8, generator=g).to(torch.bfloat16)
-        for i in range(3)
-    }
-
-
-def key(i: int) -> bytes:
-    return bytes([i]) * 32
-
-
-def transfers(c: dict[str, torch.Tensor], store: DirectoryStore | None = None) -> WorkerTransfers:
-    layers = [(n, block_rows(n, t, BLOCKS)) for n, t in c.items()]
-    return WorkerTransfers(
-        layers,
-        host_bytes=4 * sum(r.shape[1] for _, r in layers),
-        store=BoundedStorage(store) if store is not None else None,
-        store_key=lambda page: StoreKey(namespace="t", pool="kv-r0", page_hash=page.hex()),
-        stats=ConnectorStats(),
-    )
+from tests.integrations.vllm.worker_helpers import BLOCKS, caches, key, transfers
 
 
 def test_blocks_saved_then_loaded_into_other_blocks_are_byte_identical() -> None:
