@@ -5,7 +5,7 @@
   HICACHE_REQUIRE_SGLANG=1 (CI sets it): then a missing sglang fails the run.
 
 Where no torchvision is installed (a CPU machine: PyPI's torchvision is a CUDA build that does
-not import beside a CPU torch), hicache.integrations.sglang_imports registers a stand-in module
+not import beside a CPU torch), hicache.integrations.sglang.sglang_imports registers a stand-in module
 so that SGLang's module-level ``import torchvision`` succeeds while MODULES are imported, then
 withdraws it: other tests in the same run see no torchvision, as before. Nothing calls into the
 stand-in (a call raises ImportError). Where a real torchvision is installed it is used and
@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from hicache.integrations.sglang_imports import (
+from hicache.integrations.sglang.sglang_imports import (
     allow_sglang_without_torchvision,
     withdraw_stand_in,
 )
@@ -41,8 +41,8 @@ MODULES = (
     "sglang.srt.mem_cache.utils",
     "sglang.srt.managers.cache_controller",
     "sglang.srt.observability.metrics_collector",
-    "hicache.integrations.sglang",
-    "hicache.integrations.sglang_bench",
+    "hicache.integrations.sglang.backend",
+    "hicache.integrations.sglang.bench",
 )
 
 

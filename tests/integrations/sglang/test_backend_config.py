@@ -27,7 +27,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  
 
 from hicache.domain.errors import ConfigError  # noqa: E402
 from hicache.integrations.sglang import HiCacheBackend  # noqa: E402
-from hicache.integrations.sglang_settings import SGLANG_KEYS  # noqa: E402
+from hicache.integrations.sglang.settings import SGLANG_KEYS  # noqa: E402
 from tests.integrations.sglang.conftest import extra, storage_config  # noqa: E402
 from tests.integrations.sglang.pools import (  # noqa: E402
     fill_page,

@@ -17,7 +17,7 @@ from tests.integrations.sglang.support import require_sglang
 require_sglang()
 
 from hicache.domain.errors import ConfigError  # noqa: E402
-from hicache.integrations.sglang_settings import TIER_KEYS, BackendSettings  # noqa: E402
+from hicache.integrations.sglang.settings import TIER_KEYS, BackendSettings  # noqa: E402
 from tests.integrations.sglang.pools import mha_pool  # noqa: E402
 
 pytestmark = pytest.mark.sglang

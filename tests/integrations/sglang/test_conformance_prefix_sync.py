@@ -18,7 +18,7 @@ What was adapted, and why:
   host pools (MHA, page size 4; SGLang's Mamba pool).
 - 0.5.23's controller API: ``PrefetchOperation`` takes a ``CacheRequestHandle``; the hit
   flags come from ``pool_storage_result.restorable_prefix_pages``; the module is imported under
-  hicache's torchvision stand-in (hicache.integrations.sglang_imports), as the other tests do.
+  hicache's torchvision stand-in (hicache.integrations.sglang.sglang_imports), as the other tests do.
 - Not adapted: ``mixed_controllers`` and ``hybrid_kv_only`` (in 0.5.23 a plain
   ``HiCacheController``, or a hybrid one without trailing transfers, all-reduces one scalar
   while the other rank all-reduces a vector: the ranks cannot be mixed, and the collective
@@ -137,7 +137,7 @@ def _check(rank: int, scenario: str, store_root: str) -> None:
 
 def _worker(rank: int, world: int, rendezvous: str, store_root: str, errors: Any) -> None:
     try:
-        from hicache.integrations.sglang_imports import allow_sglang_without_torchvision
+        from hicache.integrations.sglang.sglang_imports import allow_sglang_without_torchvision
 
         allow_sglang_without_torchvision()
         import torch.distributed as dist

@@ -28,7 +28,7 @@ from hicache.bootstrap.faults import (  # noqa: E402
 )
 from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus  # noqa: E402
 from hicache.integrations.sglang import HiCacheBackend  # noqa: E402
-from hicache.integrations.sglang_keys import page_key  # noqa: E402
+from hicache.integrations.sglang.keys import page_key  # noqa: E402
 from tests.integrations.sglang.conftest import extra, storage_config  # noqa: E402
 from tests.integrations.sglang.pools import fill_page, keys, mha_pool, tokens  # noqa: E402
 

@@ -16,7 +16,7 @@ from tests.integrations.sglang.support import require_sglang
 
 require_sglang()
 
-from hicache.integrations.sglang_imports import (  # noqa: E402
+from hicache.integrations.sglang.sglang_imports import (  # noqa: E402
     STAND_IN,
     allow_sglang_without_torchvision,
     withdraw_stand_in,

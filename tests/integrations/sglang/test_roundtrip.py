@@ -174,7 +174,7 @@ def test_v2_indices_of_the_wrong_length_fail_that_pool_only(make_backend: Any) -
 def test_sglangs_zero_copy_order_differs_for_layer_first_and_the_backend_reorders_it() -> None:
     import ctypes
 
-    from hicache.integrations.sglang_pages import PoolPages
+    from hicache.integrations.sglang.pages import PoolPages
 
     pool = mha_pool("layer_first")
     flat = fill_page(pool, 0, 7)

@@ -15,7 +15,7 @@ hicache.engine.bounded.BoundedStorage: SGLang's controller threads wait for a ca
 ``deadline_s + grace_s`` and then get a miss (get, exists) or a failed backup (set); while that
 call is still running every call is refused at once, so a dead or stalled store never stalls
 them, and ``close`` returns within the same bound. Pages are stored in SGLang's flat page
-order whatever path moves them (hicache.integrations.sglang_pages). Importing this module imports
+order whatever path moves them (hicache.integrations.sglang.pages). Importing this module imports
 SGLang; nothing else in hicache does (an import-linter contract keeps it so).
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -46,10 +46,10 @@ from hicache.engine.bounded import Answer, BoundedSettings, BoundedStorage, Boun
 from hicache.engine.logs import get_logger
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
-from hicache.integrations.sglang_keys import page_key, pool_namespace
-from hicache.integrations.sglang_metrics import BackendMetrics
-from hicache.integrations.sglang_pages import PoolPages, tensor_bytes
-from hicache.integrations.sglang_settings import BackendSettings
+from hicache.integrations.sglang.keys import page_key, pool_namespace
+from hicache.integrations.sglang.metrics import BackendMetrics
+from hicache.integrations.sglang.pages import PoolPages, tensor_bytes
+from hicache.integrations.sglang.settings import BackendSettings
 
 log = get_logger("hicache.sglang")
 
@@ -68,6 +68,31 @@ class _Pool:
     @property
     def tier(self) -> StorageTier:
         return self.calls.tier
+
+
+def _key(key: object, call: str) -> str:
+    if not isinstance(key, str):
+        raise ConfigError(
+            f"HiCacheBackend {call}: key {key!r} ({type(key).__name__}): expected a str"
+        )
+    return key
+
+
+def _keys(keys: object, call: str) -> list[str]:
+    """SGLang's page keys of one call: a list (or tuple) of str, else ConfigError (a str is
+    one key, not a list of its characters; a generator cannot be counted against indices)."""
+    if not isinstance(keys, list | tuple):
+        raise ConfigError(
+            f"HiCacheBackend {call}: keys must be a list of str, got {type(keys).__name__}"
+            + (f" {keys!r}" if isinstance(keys, str | bytes) else "")
+        )
+    for i, key in enumerate(keys):
+        if not isinstance(key, str):
+            raise ConfigError(
+                f"HiCacheBackend {call}: keys[{i}] is {key!r} ({type(key).__name__}): "
+                "expected a str"
+            )
+    return list(keys)
 
 
 def _plain(_inst: object, _field: object, value: Any) -> Any:
@@ -145,14 +170,30 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
-        name = str(getattr(host_pool_name, "value", host_pool_name))
+        name = getattr(host_pool_name, "value", host_pool_name)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(
+                f"HiCacheBackend: host_pool_name {host_pool_name!r}: expected a pool name "
+                "(SGLang's PoolName or a non-empty str)"
+            )
         existing = self._pools.get(name)
         if existing is not None and existing.pages.pool is host_pool:
             return
         self._add_pool(name, host_pool)
 
     def _add_pool(self, name: str, pool: Any) -> None:
-        pages = PoolPages(name, pool)
+        try:
+            pages = PoolPages(name, pool)
+        except (AttributeError, TypeError, ValueError) as e:
+            raise ConfigError(
+                f"HiCacheBackend: pool {name!r}: {pool!r} is not an SGLang host pool "
+                f"({type(e).__name__}: {e})"
+            ) from e
+        if pages.page_size <= 0 or pages.flat_nbytes <= 0:
+            raise ConfigError(
+                f"HiCacheBackend: pool {name!r}: page_size {pages.page_size} and page bytes "
+                f"{pages.flat_nbytes}: expected both > 0"
+            )
         if self.zero_copy_only and not pages.zero_copy:
             raise ConfigError(
                 f"HiCacheBackend: pool {name!r} ({type(pool).__name__}, layout "
@@ -211,7 +252,24 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
 
     # -- the page moves -----------------------------------------------------------------------
 
-    def _tokens(self, pool: _Pool, n: int, host_indices: torch.Tensor) -> list[int]:
+    def _tokens(self, pool: _Pool, n: int, host_indices: object, call: str) -> list[int]:
+        """The host token index each of ``n`` pages starts at; ConfigError unless
+        ``host_indices`` is an integer CPU tensor of ``n * page_size`` indices."""
+        if not isinstance(host_indices, torch.Tensor):
+            raise ConfigError(
+                f"HiCacheBackend {call}: host_indices must be a torch.Tensor of token indices, "
+                f"got {type(host_indices).__name__}"
+            )
+        if host_indices.device.type != "cpu":
+            raise ConfigError(
+                f"HiCacheBackend {call}: host_indices on device {host_indices.device}: expected "
+                "cpu (host pool indices)"
+            )
+        dtype = host_indices.dtype
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise ConfigError(
+                f"HiCacheBackend {call}: host_indices of dtype {dtype}: expected an integer dtype"
+            )
         ps = pool.pages.page_size
         if int(host_indices.numel()) != n * ps:
             raise ConfigError(
@@ -221,41 +279,54 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         # Page i starts at token index i * ps: read those n starts only (a strided view).
         return [int(t) for t in host_indices.reshape(-1)[::ps].tolist()]
 
-    def _read(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
+    def _store_call(
+        self, op: str, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]
+    ) -> list[bool]:
+        """One bounded store call of ``op`` ("get" or "set"): per key, whether it moved;
+        SGLang's statistics and hicache's counters of it."""
         if not keys:
             return []
         start = time.perf_counter()
-        answer = pool.calls.read([page_key(k) for k in keys], buffers)
-        ok, answered = answer.value, self._answered("get", answer)
+        store_keys = [page_key(k) for k in keys]
+        if op == "get":
+            answer = pool.calls.read(store_keys, buffers)
+        else:
+            answer = pool.calls.write(store_keys, buffers)
+        ok, answered = answer.value, self._answered(op, answer)
         seconds = time.perf_counter() - start
-        self._note("prefetch", pool, sum(ok), seconds)
-        got = sum(ok)
-        self.counters.count_load(
-            pages=got, nbytes=got * pool.pages.flat_nbytes, seconds=seconds, ok=answered
-        )
+        moved = sum(ok)
+        self._note("prefetch" if op == "get" else "backup", pool, moved, seconds)
+        nbytes = moved * pool.pages.flat_nbytes
+        if op == "get":
+            self.counters.count_load(pages=moved, nbytes=nbytes, seconds=seconds, ok=answered)
+        else:
+            self.counters.count_save(
+                pages=moved, nbytes=nbytes, seconds=seconds, ok=answered and moved == len(keys)
+            )
         return ok
 
-    def _write(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
+    def _get(
+        self,
+        pool: _Pool,
+        keys: Sequence[str],
+        buffers: list[PageBuffer],
+        finish: Callable[[list[bool]], None] | None = None,
+    ) -> list[bool]:
+        """The read path of every get call: read ``buffers``, then ``finish`` (staged pages
+        copied into the pool) with the per-key result."""
+        ok = self._store_call("get", pool, keys, buffers)
+        if finish is not None:
+            finish(ok)
+        return ok
+
+    def _set(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
+        """The write path of every set call; a non-writer rank of a replicated pool stores
+        nothing and answers True (the writer rank stores the same bytes)."""
         if pool.replicated and not self.storage_config.is_storage_writer:
-            # The writer rank stores the same bytes (SGLang's is_storage_writer).
             with self._lock:
                 self._skipped_non_writer += len(keys)
             return [True] * len(keys)
-        if not keys:
-            return []
-        start = time.perf_counter()
-        answer = pool.calls.write([page_key(k) for k in keys], buffers)
-        ok, answered = answer.value, self._answered("set", answer)
-        seconds = time.perf_counter() - start
-        self._note("backup", pool, sum(ok), seconds)
-        put = sum(ok)
-        self.counters.count_save(
-            pages=put,
-            nbytes=put * pool.pages.flat_nbytes,
-            seconds=seconds,
-            ok=answered and put == len(keys),
-        )
-        return ok
+        return self._store_call("set", pool, keys, buffers)
 
     def _note(self, kind: str, pool: _Pool, pages: int, seconds: float) -> None:
         if not pages:
@@ -265,20 +336,24 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             gbs = pages * pool.pages.flat_nbytes / max(seconds, 1e-9) / 1e9
             self._metrics[f"{kind}_bandwidth"].append(gbs)
 
-    def _get_pages(self, pool: _Pool, keys: Sequence[str], tokens: list[int]) -> list[bool]:
+    def _get_host(self, pool: _Pool, keys: Sequence[str], tokens: list[int]) -> list[bool]:
+        """Read pages into the pool at ``tokens``: in place (zero-copy) or through staging."""
         if pool.pages.zero_copy:
-            return self._read(pool, keys, [pool.pages.segments(t) for t in tokens])
+            return self._get(pool, keys, [pool.pages.segments(t) for t in tokens])
         staging = [pool.pages.staging() for _ in tokens]
-        ok = self._read(pool, keys, [[tensor_bytes(s)] for s in staging])
-        for t, s, good in zip(tokens, staging, ok, strict=True):
-            if good:
-                pool.pages.fill_from(t, s)
-        return ok
 
-    def _set_pages(self, pool: _Pool, keys: Sequence[str], tokens: list[int]) -> list[bool]:
+        def fill(ok: list[bool]) -> None:
+            for t, page, good in zip(tokens, staging, ok, strict=True):
+                if good:
+                    pool.pages.fill_from(t, page)
+
+        return self._get(pool, keys, [[tensor_bytes(p)] for p in staging], fill)
+
+    def _set_host(self, pool: _Pool, keys: Sequence[str], tokens: list[int]) -> list[bool]:
+        """Write the pool's pages at ``tokens``: in place (zero-copy) or flat copies."""
         if pool.pages.zero_copy:
-            return self._write(pool, keys, [pool.pages.segments(t) for t in tokens])
-        return self._write(pool, keys, [[pool.pages.flat_copy(t)] for t in tokens])
+            return self._set(pool, keys, [pool.pages.segments(t) for t in tokens])
+        return self._set(pool, keys, [[pool.pages.flat_copy(t)] for t in tokens])
 
     # -- v1: zero-copy by host indices --------------------------------------------------------
 
@@ -289,8 +364,11 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """One bool per key; the Trues are a leading run (a prefetch stops at the first miss)."""
+        keys = _keys(keys, "batch_get_v1")
         pool = self.pool("kv")
-        return self._get_pages(pool, keys, self._tokens(pool, len(keys), host_indices))
+        return self._get_host(
+            pool, keys, self._tokens(pool, len(keys), host_indices, "batch_get_v1")
+        )
 
     def batch_set_v1(
         self,
@@ -299,14 +377,31 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """One bool per key (a FULL page fails alone; SGLang stops a backup at the first False)."""
+        keys = _keys(keys, "batch_set_v1")
         pool = self.pool("kv")
-        return self._set_pages(pool, keys, self._tokens(pool, len(keys), host_indices))
+        return self._set_host(
+            pool, keys, self._tokens(pool, len(keys), host_indices, "batch_set_v1")
+        )
 
     # -- legacy: flat pages -------------------------------------------------------------------
 
-    def _flat(self, pool: _Pool, tensors: Sequence[torch.Tensor], what: str) -> list[PageBuffer]:
+    def _flat(self, pool: _Pool, tensors: object, n: int, what: str) -> list[PageBuffer]:
+        """``n`` flat pages of ``pool`` as buffers; ConfigError unless ``tensors`` is a list of
+        ``n`` contiguous CPU tensors of one flat page each."""
+        if not isinstance(tensors, list | tuple):
+            raise ConfigError(
+                f"HiCacheBackend {what}: expected a list of {n} flat page tensors, got "
+                f"{type(tensors).__name__}"
+            )
+        if len(tensors) != n:
+            raise ConfigError(f"HiCacheBackend: {n} keys and {len(tensors)} {what}")
         out: list[PageBuffer] = []
         for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise ConfigError(
+                    f"HiCacheBackend {what}[{i}] is {type(t).__name__}: expected a writable "
+                    "flat page tensor (e.g. get_dummy_flat_data_page())"
+                )
             view = tensor_bytes(t)
             if view.nbytes != pool.pages.flat_nbytes:
                 raise ConfigError(
@@ -323,14 +418,11 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         target_sizes: Any = None,
     ) -> list[torch.Tensor | None]:
         """Each target (a flat page, e.g. ``get_dummy_flat_data_page()``) filled, or None."""
+        keys = _keys(keys, "batch_get")
         pool = self.pool("kv")
-        targets = list(target_locations or [])
-        if len(targets) != len(keys):
-            raise ConfigError(
-                f"HiCacheBackend batch_get: {len(keys)} keys and {len(targets)} target_locations"
-            )
-        ok = self._read(pool, keys, self._flat(pool, targets, "target_locations"))
-        return [t if good else None for t, good in zip(targets, ok, strict=True)]
+        buffers = self._flat(pool, target_locations, len(keys), "target_locations")
+        ok = self._get(pool, keys, buffers)
+        return [t if good else None for t, good in zip(target_locations, ok, strict=True)]
 
     def batch_set(
         self,
@@ -340,15 +432,16 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         target_sizes: Any = None,
     ) -> bool:
         """True when every flat page was stored."""
+        keys = _keys(keys, "batch_set")
         pool = self.pool("kv")
-        pages = [v.contiguous() for v in (values or [])]
-        if len(pages) != len(keys):
-            raise ConfigError(f"HiCacheBackend batch_set: {len(keys)} keys and {len(pages)} values")
-        return all(self._write(pool, keys, self._flat(pool, pages, "values")))
+        if isinstance(values, list | tuple):
+            values = [v.contiguous() if isinstance(v, torch.Tensor) else v for v in values]
+        return all(self._set(pool, keys, self._flat(pool, values, len(keys), "values")))
 
     def get(
         self, key: str, target_location: Any = None, target_sizes: Any = None
     ) -> torch.Tensor | None:
+        _key(key, "get")
         if target_location is None:
             target_location = self.pool("kv").pages.staging()
         return self.batch_get([key], [target_location])[0]
@@ -356,15 +449,18 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     def set(
         self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None
     ) -> bool:
+        _key(key, "set")
         return self.batch_set([key], [value])
 
     def exists(self, key: str) -> bool:
+        _key(key, "exists")
         return self.batch_exists([key]) == 1
 
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
         """The number of leading keys the store probably holds (0 when it cannot answer)."""
+        keys = _keys(keys, "batch_exists")
         if not keys:
             return 0
         pool = self.pool("kv")
@@ -395,6 +491,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     ) -> PoolTransferResult:
         """The usable prefix under each side pool's hit policy (SGLang's file backend's rules):
         ``kv_hit_pages``, the pages each pool has, and the prefix lengths every pool can restore."""
+        keys = _keys(keys, "batch_exists_v2")
         kv = self._exists_each(self.pool("kv"), keys)
         kv_pages = kv.index(False) if False in kv else len(kv)
         hits: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
@@ -428,10 +525,12 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         for transfer in transfers:
             name = str(getattr(transfer.name, "value", transfer.name))
             pool = self.pool(name)
-            keys = list(transfer.keys or [])
+            keys = _keys(transfer.keys or [], f"batch_{op}_v2 pool {name!r}")
             indices = transfer.host_indices
             expected = len(keys) * pool.pages.page_size
-            if indices is None or int(indices.numel()) != expected:
+            if indices is None or (
+                isinstance(indices, torch.Tensor) and int(indices.numel()) != expected
+            ):
                 # SGLang's file backend answers all False (and logs) here; so do we.
                 log.error(
                     "v2 host_indices length mismatch",
@@ -443,8 +542,8 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 self.counters.count_error(operation=op, status="bad_host_indices")
                 out[transfer.name] = [False] * len(keys)
                 continue
-            tokens = self._tokens(pool, len(keys), indices)
-            move = self._get_pages if op == "get" else self._set_pages
+            tokens = self._tokens(pool, len(keys), indices, f"batch_{op}_v2 pool {name!r}")
+            move = self._get_host if op == "get" else self._set_host
             out[transfer.name] = move(pool, keys, tokens)
         return out
 

@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from hicache.domain.errors import ConfigError
+from hicache.domain.limits import bounded_seconds
 
 SGLANG_KEYS = frozenset(
     {
@@ -84,9 +85,7 @@ def _through_hicache_config(
     from hicache.bootstrap.hicache_config import HiCacheConfig
 
     env = os.environ if env is None else env
-    tier_env = {
-        _env_var(k): env[_env_var(k)] for k in TIER_KEYS.values() if _env_var(k) in env
-    }
+    tier_env = {_env_var(k): env[_env_var(k)] for k in TIER_KEYS.values() if _env_var(k) in env}
     given = {TIER_KEYS[k]: own[k] for k in TIER_KEYS if k in own}
     try:
         config = HiCacheConfig.load(env=tier_env).with_values(given, source=SOURCE)
@@ -101,11 +100,8 @@ def _through_hicache_config(
     }
 
 
-def _positive(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(
-            f"hicache sglang backend key {attr.name!r}: expected a number > 0, got {value!r}"
-        )
+def _seconds(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    bounded_seconds(value, f"hicache sglang backend key {attr.name!r}", positive=True)
 
 
 def _positive_int(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -153,10 +149,10 @@ class BackendSettings:
 
     store: str = attrs.field(default="directory", validator=_store_name)
     store_path: str | None = attrs.field(default=None, validator=_path)
-    deadline_s: float = attrs.field(default=10.0, validator=_positive)
-    grace_s: float = attrs.field(default=2.0, validator=_positive)
+    deadline_s: float = attrs.field(default=10.0, validator=_seconds)
+    grace_s: float = attrs.field(default=2.0, validator=_seconds)
     breaker_threshold: int = attrs.field(default=5, validator=_positive_int)
-    breaker_cooldown_s: float = attrs.field(default=10.0, validator=_positive)
+    breaker_cooldown_s: float = attrs.field(default=10.0, validator=_seconds)
     max_concurrency: int = attrs.field(default=4, validator=_positive_int)
     metrics: bool = attrs.field(default=False, validator=_bool)
     metrics_port: int | None = attrs.field(default=None, validator=_port)
@@ -168,11 +164,17 @@ class BackendSettings:
     ) -> BackendSettings:
         """Split SGLang's extra config into SGLang's keys (dropped), the backend's and the
         store's; TIER_KEYS also from ``env`` (default os.environ, module docstring)."""
-        config = dict(extra_config or {})
         if not isinstance(extra_config, Mapping | None):
             raise ConfigError(
                 f"hicache sglang backend: extra_config must be a mapping, got {type(extra_config).__name__}"
             )
+        config = dict(extra_config or {})
+        for key in config:
+            if not isinstance(key, str):
+                raise ConfigError(
+                    f"hicache sglang backend: extra_config key {key!r} "
+                    f"({type(key).__name__}): expected a string"
+                )
         own = {k: config[k] for k in BACKEND_KEYS if k in config}
         rest = {k: v for k, v in config.items() if k not in SGLANG_KEYS and k not in own}
         settings = cls(**own)

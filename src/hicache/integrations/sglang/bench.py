@@ -38,8 +38,8 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
 from hicache.bootstrap.faults import directory_corruptor
 from hicache.domain.errors import ConfigError, StoreError
-from hicache.integrations.sglang import HiCacheBackend
-from hicache.integrations.sglang_keys import page_key
+from hicache.integrations.sglang.backend import HiCacheBackend
+from hicache.integrations.sglang.keys import page_key
 
 EXISTS_PROBES = 2000
 
