@@ -111,8 +111,13 @@ def test_batch_exists_v2_matches_sglangs_hicache_file_on_every_pattern(
                 if chosen:
                     host = hosts[name]
                     ok = ours.batch_set_v2(
-                        [PoolTransfer(name=name.value, keys=chosen,
-                                      host_indices=tokens(host, 0, len(chosen)))]
+                        [
+                            PoolTransfer(
+                                name=name.value,
+                                keys=chosen,
+                                host_indices=tokens(host, 0, len(chosen)),
+                            )
+                        ]
                     )
                     assert ok == {name.value: [True] * len(chosen)}
             for policies in itertools.product(POLICIES, repeat=2):

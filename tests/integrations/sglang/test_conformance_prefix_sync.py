@@ -87,8 +87,10 @@ def _check(rank: int, scenario: str, store_root: str) -> None:
     try:
         backend.register_mem_pool_host(kv)
         backend.register_mem_host_pool_v2(mamba, "mamba")
-        for name, host, pages in (("kv", kv, range(1, kv_pages + 1)), ("mamba", mamba,
-                                                                          checkpoints)):
+        for name, host, pages in (
+            ("kv", kv, range(1, kv_pages + 1)),
+            ("mamba", mamba, checkpoints),
+        ):
             keys = [HASHES[p - 1] for p in pages]
             if keys:
                 written = backend.batch_set_v2(
@@ -119,7 +121,10 @@ def _check(rank: int, scenario: str, store_root: str) -> None:
         result = controller.prefetch_hit_queue.get_nowait()
         assert result is operation
         assert result.storage_hit_count == expected * PAGE_SIZE, (
-            rank, scenario, result.storage_hit_count)
+            rank,
+            scenario,
+            result.storage_hit_count,
+        )
         assert result.hash_value == HASHES[:expected], (rank, scenario)
         assert controller.prefetch_hit_queue.empty()
         if expected:
@@ -143,7 +148,10 @@ def _worker(rank: int, world: int, rendezvous: str, store_root: str, errors: Any
         import torch.distributed as dist
 
         dist.init_process_group(
-            backend="gloo", init_method=rendezvous, rank=rank, world_size=world,
+            backend="gloo",
+            init_method=rendezvous,
+            rank=rank,
+            world_size=world,
             timeout=timedelta(seconds=60),
         )
         try:

@@ -65,12 +65,16 @@ def query(
         present = [KEYS[p - 1] for p in sorted(pages)]
         if present:
             written = backend.batch_set_v2(
-                [PoolTransfer(name=name.value, keys=present,
-                              host_indices=tokens(host, 0, len(present)))]
+                [
+                    PoolTransfer(
+                        name=name.value, keys=present, host_indices=tokens(host, 0, len(present))
+                    )
+                ]
             )
             assert written == {name.value: [True] * len(present)}
-    transfers = [PoolTransfer(name=name, keys=[KEYS[-1]], hit_policy=policy)
-                 for name, _, policy in pools]
+    transfers = [
+        PoolTransfer(name=name, keys=[KEYS[-1]], hit_policy=policy) for name, _, policy in pools
+    ]
     return backend.batch_exists_v2(KEYS, transfers)
 
 

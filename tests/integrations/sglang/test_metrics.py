@@ -67,7 +67,9 @@ def test_hits_loads_and_saves_counted_equal_what_the_calls_returned(make_backend
     src = {"source": "sglang"}
     assert value(scrape, "hicache_integration_lookups_total", **src) == 1
     assert value(scrape, "hicache_integration_lookup_tokens_total", **src) == 5 * ps
-    assert value(scrape, "hicache_integration_hit_tokens_total", tier="storage", **src) == found * ps
+    assert (
+        value(scrape, "hicache_integration_hit_tokens_total", tier="storage", **src) == found * ps
+    )
     assert value(scrape, "hicache_integration_miss_tokens_total", tier="storage", **src) == 2 * ps
     assert value(scrape, "hicache_integration_saved_pages_total", **src) == sum(saved)
     assert value(scrape, "hicache_integration_saved_bytes_total", **src) == 3 * page_bytes
@@ -78,10 +80,8 @@ def test_hits_loads_and_saves_counted_equal_what_the_calls_returned(make_backend
     assert value(scrape, "hicache_integration_load_seconds_count", **src) == 2
     # The pool's storage tier, label cache="sglang": its own count of the same pages.
     tier = {"cache": "sglang", "pool": "kv", "store": backend.store.name}
-    assert value(scrape, "hicache_store_pages_total", operation="write", outcome="ok",
-                 **tier) == 3
-    assert value(scrape, "hicache_store_pages_total", operation="read", outcome="ok",
-                 **tier) == 3
+    assert value(scrape, "hicache_store_pages_total", operation="write", outcome="ok", **tier) == 3
+    assert value(scrape, "hicache_store_pages_total", operation="read", outcome="ok", **tier) == 3
     assert value(scrape, "hicache_breaker_state", state="closed", **tier) == 1
 
 
@@ -97,11 +97,23 @@ def test_v2_lookups_count_the_prefix_every_pool_can_restore(make_backend: Any) -
     assert result.kv_hit_pages == 2
     scrape = samples(exposition(backend.metrics))
     ps = kv.page_size
-    assert value(scrape, "hicache_integration_hit_tokens_total", tier="storage",
-                 source="sglang") == 2 * ps
+    assert (
+        value(scrape, "hicache_integration_hit_tokens_total", tier="storage", source="sglang")
+        == 2 * ps
+    )
     assert value(scrape, "hicache_integration_saved_pages_total", source="sglang") == 6
-    assert value(scrape, "hicache_store_pages_total", cache="sglang", pool="mamba",
-                 store=backend.store.name, operation="write", outcome="ok") == 2
+    assert (
+        value(
+            scrape,
+            "hicache_store_pages_total",
+            cache="sglang",
+            pool="mamba",
+            store=backend.store.name,
+            operation="write",
+            outcome="ok",
+        )
+        == 2
+    )
 
 
 def test_bad_v2_host_indices_are_counted_as_an_error(make_backend: Any) -> None:

@@ -5,6 +5,7 @@ SGLang's factory loads it with extra config ``{"backend_name": "hicache", "modul
 
 - backend: HiCacheBackend, SGLang's HiCacheStorage calls (legacy, v1, v2) over one read path
   and one write path.
+- arguments: the calls' arguments (keys, host indices, flat pages) checked; ConfigError else.
 - pages: a registered SGLang host pool's pages, zero-copy segments or flat copies.
 - keys: SGLang's page keys as hicache store keys; a pool's namespace.
 - settings: the ``storage_extra_config`` keys, parsed and checked.

@@ -46,6 +46,7 @@ from hicache.engine.bounded import Answer, BoundedSettings, BoundedStorage, Boun
 from hicache.engine.logs import get_logger
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
+from hicache.integrations.sglang.arguments import flat_pages, host_tokens, one_key, page_keys
 from hicache.integrations.sglang.keys import page_key, pool_namespace
 from hicache.integrations.sglang.metrics import BackendMetrics
 from hicache.integrations.sglang.pages import PoolPages, tensor_bytes
@@ -68,31 +69,6 @@ class _Pool:
     @property
     def tier(self) -> StorageTier:
         return self.calls.tier
-
-
-def _key(key: object, call: str) -> str:
-    if not isinstance(key, str):
-        raise ConfigError(
-            f"HiCacheBackend {call}: key {key!r} ({type(key).__name__}): expected a str"
-        )
-    return key
-
-
-def _keys(keys: object, call: str) -> list[str]:
-    """SGLang's page keys of one call: a list (or tuple) of str, else ConfigError (a str is
-    one key, not a list of its characters; a generator cannot be counted against indices)."""
-    if not isinstance(keys, list | tuple):
-        raise ConfigError(
-            f"HiCacheBackend {call}: keys must be a list of str, got {type(keys).__name__}"
-            + (f" {keys!r}" if isinstance(keys, str | bytes) else "")
-        )
-    for i, key in enumerate(keys):
-        if not isinstance(key, str):
-            raise ConfigError(
-                f"HiCacheBackend {call}: keys[{i}] is {key!r} ({type(key).__name__}): "
-                "expected a str"
-            )
-    return list(keys)
 
 
 def _plain(_inst: object, _field: object, value: Any) -> Any:
@@ -252,33 +228,6 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
 
     # -- the page moves -----------------------------------------------------------------------
 
-    def _tokens(self, pool: _Pool, n: int, host_indices: object, call: str) -> list[int]:
-        """The host token index each of ``n`` pages starts at; ConfigError unless
-        ``host_indices`` is an integer CPU tensor of ``n * page_size`` indices."""
-        if not isinstance(host_indices, torch.Tensor):
-            raise ConfigError(
-                f"HiCacheBackend {call}: host_indices must be a torch.Tensor of token indices, "
-                f"got {type(host_indices).__name__}"
-            )
-        if host_indices.device.type != "cpu":
-            raise ConfigError(
-                f"HiCacheBackend {call}: host_indices on device {host_indices.device}: expected "
-                "cpu (host pool indices)"
-            )
-        dtype = host_indices.dtype
-        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-            raise ConfigError(
-                f"HiCacheBackend {call}: host_indices of dtype {dtype}: expected an integer dtype"
-            )
-        ps = pool.pages.page_size
-        if int(host_indices.numel()) != n * ps:
-            raise ConfigError(
-                f"HiCacheBackend pool {pool.name!r}: host_indices has {int(host_indices.numel())} "
-                f"token indices for {n} keys: expected {n * ps} (page size {ps})"
-            )
-        # Page i starts at token index i * ps: read those n starts only (a strided view).
-        return [int(t) for t in host_indices.reshape(-1)[::ps].tolist()]
-
     def _store_call(
         self, op: str, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]
     ) -> list[bool]:
@@ -357,6 +306,14 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
 
     # -- v1: zero-copy by host indices --------------------------------------------------------
 
+    def _v1(self, op: str, keys: object, host_indices: object) -> list[bool]:
+        call = f"batch_{op}_v1"
+        checked = page_keys(keys, call)
+        pool = self.pool("kv")
+        tokens = host_tokens(host_indices, len(checked), pool.pages.page_size, pool.name, call)
+        move = self._get_host if op == "get" else self._set_host
+        return move(pool, checked, tokens)
+
     def batch_get_v1(
         self,
         keys: list[str],
@@ -364,11 +321,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """One bool per key; the Trues are a leading run (a prefetch stops at the first miss)."""
-        keys = _keys(keys, "batch_get_v1")
-        pool = self.pool("kv")
-        return self._get_host(
-            pool, keys, self._tokens(pool, len(keys), host_indices, "batch_get_v1")
-        )
+        return self._v1("get", keys, host_indices)
 
     def batch_set_v1(
         self,
@@ -377,39 +330,9 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """One bool per key (a FULL page fails alone; SGLang stops a backup at the first False)."""
-        keys = _keys(keys, "batch_set_v1")
-        pool = self.pool("kv")
-        return self._set_host(
-            pool, keys, self._tokens(pool, len(keys), host_indices, "batch_set_v1")
-        )
+        return self._v1("set", keys, host_indices)
 
     # -- legacy: flat pages -------------------------------------------------------------------
-
-    def _flat(self, pool: _Pool, tensors: object, n: int, what: str) -> list[PageBuffer]:
-        """``n`` flat pages of ``pool`` as buffers; ConfigError unless ``tensors`` is a list of
-        ``n`` contiguous CPU tensors of one flat page each."""
-        if not isinstance(tensors, list | tuple):
-            raise ConfigError(
-                f"HiCacheBackend {what}: expected a list of {n} flat page tensors, got "
-                f"{type(tensors).__name__}"
-            )
-        if len(tensors) != n:
-            raise ConfigError(f"HiCacheBackend: {n} keys and {len(tensors)} {what}")
-        out: list[PageBuffer] = []
-        for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                raise ConfigError(
-                    f"HiCacheBackend {what}[{i}] is {type(t).__name__}: expected a writable "
-                    "flat page tensor (e.g. get_dummy_flat_data_page())"
-                )
-            view = tensor_bytes(t)
-            if view.nbytes != pool.pages.flat_nbytes:
-                raise ConfigError(
-                    f"HiCacheBackend {what}[{i}] has {view.nbytes} bytes: expected a flat page "
-                    f"of pool {pool.name!r}, {pool.pages.flat_nbytes} bytes"
-                )
-            out.append([view])
-        return out
 
     def batch_get(
         self,
@@ -418,9 +341,11 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         target_sizes: Any = None,
     ) -> list[torch.Tensor | None]:
         """Each target (a flat page, e.g. ``get_dummy_flat_data_page()``) filled, or None."""
-        keys = _keys(keys, "batch_get")
+        keys = page_keys(keys, "batch_get")
         pool = self.pool("kv")
-        buffers = self._flat(pool, target_locations, len(keys), "target_locations")
+        buffers = flat_pages(
+            target_locations, len(keys), pool.pages.flat_nbytes, pool.name, "target_locations"
+        )
         ok = self._get(pool, keys, buffers)
         return [t if good else None for t, good in zip(target_locations, ok, strict=True)]
 
@@ -432,16 +357,22 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         target_sizes: Any = None,
     ) -> bool:
         """True when every flat page was stored."""
-        keys = _keys(keys, "batch_set")
+        keys = page_keys(keys, "batch_set")
         pool = self.pool("kv")
         if isinstance(values, list | tuple):
             values = [v.contiguous() if isinstance(v, torch.Tensor) else v for v in values]
-        return all(self._set(pool, keys, self._flat(pool, values, len(keys), "values")))
+        return all(
+            self._set(
+                pool,
+                keys,
+                flat_pages(values, len(keys), pool.pages.flat_nbytes, pool.name, "values"),
+            )
+        )
 
     def get(
         self, key: str, target_location: Any = None, target_sizes: Any = None
     ) -> torch.Tensor | None:
-        _key(key, "get")
+        one_key(key, "get")
         if target_location is None:
             target_location = self.pool("kv").pages.staging()
         return self.batch_get([key], [target_location])[0]
@@ -449,18 +380,18 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     def set(
         self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None
     ) -> bool:
-        _key(key, "set")
+        one_key(key, "set")
         return self.batch_set([key], [value])
 
     def exists(self, key: str) -> bool:
-        _key(key, "exists")
+        one_key(key, "exists")
         return self.batch_exists([key]) == 1
 
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
         """The number of leading keys the store probably holds (0 when it cannot answer)."""
-        keys = _keys(keys, "batch_exists")
+        keys = page_keys(keys, "batch_exists")
         if not keys:
             return 0
         pool = self.pool("kv")
@@ -491,7 +422,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     ) -> PoolTransferResult:
         """The usable prefix under each side pool's hit policy (SGLang's file backend's rules):
         ``kv_hit_pages``, the pages each pool has, and the prefix lengths every pool can restore."""
-        keys = _keys(keys, "batch_exists_v2")
+        keys = page_keys(keys, "batch_exists_v2")
         kv = self._exists_each(self.pool("kv"), keys)
         kv_pages = kv.index(False) if False in kv else len(kv)
         hits: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
@@ -525,7 +456,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         for transfer in transfers:
             name = str(getattr(transfer.name, "value", transfer.name))
             pool = self.pool(name)
-            keys = _keys(transfer.keys or [], f"batch_{op}_v2 pool {name!r}")
+            keys = page_keys(transfer.keys or [], f"batch_{op}_v2 pool {name!r}")
             indices = transfer.host_indices
             expected = len(keys) * pool.pages.page_size
             if indices is None or (
@@ -542,7 +473,8 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 self.counters.count_error(operation=op, status="bad_host_indices")
                 out[transfer.name] = [False] * len(keys)
                 continue
-            tokens = self._tokens(pool, len(keys), indices, f"batch_{op}_v2 pool {name!r}")
+            call = f"batch_{op}_v2 pool {name!r}"
+            tokens = host_tokens(indices, len(keys), pool.pages.page_size, pool.name, call)
             move = self._get_host if op == "get" else self._set_host
             out[transfer.name] = move(pool, keys, tokens)
         return out
