@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[3]
 MODES = ["clean", "hang-close", "hang-exit", "hang-close", "clean"] * 4  # 20 children
 # A child's life: open, set, a get that hangs for deadline_s + grace_s (0.4 s), close (at most
 # 0.4 s more, checked in the child), then the interpreter's exit, which tears down torch and
-# SGLang (seconds on a loaded 2-core machine, five children at once). A hang never ends, so
-# this loose bound shows it.
-CHILD_BOUND_S = 30.0
+# SGLang (10-14 s measured with five children at once on a 2-core machine at load 6). A hang
+# never ends, so this loose bound shows it.
+CHILD_BOUND_S = 60.0
 
 
 def test_twenty_children_that_open_use_and_close_a_backend_all_exit_within_the_bound(
