@@ -15,7 +15,7 @@ are built here.
   inside its functions).
 - vllm_worker: the vLLM connector's worker copies and compute slowed by saves, without vLLM.
 - (sglang: SGLang's HiCacheFile against hicache's SGLang backend; for now in
-  hicache.integrations.sglang_bench, to move here as hicache.bench.sglang.)
+  hicache.integrations.sglang.bench, to move here as hicache.bench.sglang.)
 
 The package sits above hicache.integrations and below hicache.cli (pyproject.toml's layers): it
 measures adapters, the bootstrap and the integrations, and drives the serving engines (vLLM,
