@@ -14,8 +14,8 @@ are built here.
 - vllm: time to first token of a real vLLM with and without HiCacheConnector (imports vLLM
   inside its functions).
 - vllm_worker: the vLLM connector's worker copies and compute slowed by saves, without vLLM.
-- (sglang: SGLang's HiCacheFile against hicache's SGLang backend; for now in
-  hicache.integrations.sglang.bench, to move here as hicache.bench.sglang.)
+- sglang: SGLang's HiCacheFile against hicache's SGLang backend (imports SGLang: the command
+  imports it inside its run).
 
 The package sits above hicache.integrations and below hicache.cli (pyproject.toml's layers): it
 measures adapters, the bootstrap and the integrations, and drives the serving engines (vLLM,

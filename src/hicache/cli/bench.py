@@ -9,7 +9,7 @@ hicache.bench (named after each line).
 - bench cache: page-key hashing and the prefix index's cost per page (hicache.bench.cache).
 - bench storage: a store's put/get/exists against plain file I/O (hicache.bench.storage).
 - bench sglang: SGLang's HiCacheFile against hicache's SGLang backend
-  (hicache.integrations.sglang.bench).
+  (hicache.bench.sglang).
 - bench scale: copy time per byte and planner time per layer as sizes grow (hicache.bench.scale).
 - bench soak: random cache operations with injected faults; leak and byte checks
   (hicache.bench.soak).

@@ -11,7 +11,6 @@ SGLang's factory loads it with extra config ``{"backend_name": "hicache", "modul
 - settings: the ``storage_extra_config`` keys, parsed and checked.
 - metrics: hicache's metrics of a backend.
 - sglang_imports: importing SGLang's host-pool modules where torchvision is absent.
-- bench: the figures of ``hicache bench sglang``.
 
 Importing this package imports neither SGLang nor torch: ``HiCacheBackend`` is imported from
 ``backend`` (which imports SGLang) on first access, so ``sglang_imports`` can be used before
