@@ -172,21 +172,42 @@ def run_bench(
 
     decode_tokens = 4 * BLOCK
 
-    def decode_ms(llm: Any) -> float:
-        """Per-token decode time after a prefix hit, median of ``repeats``: (generate
-        ``decode_tokens`` - generate one) / (``decode_tokens`` - 1), each repeat on a prompt
-        with a new last token, so every decode block is new (saved again with save_decode)."""
+    def decode_ms(llm: Any, name: str) -> None:
+        """Per-token decode time after a prefix hit, two estimates from the same generates
+        (each repeat on a prompt with a new last token, so every decode block is new and is
+        saved again with save_decode): ``decode[name]`` the median engine step of the
+        ``decode_tokens``-token generates (vLLM's ``llm_engine.step``, the steps between the
+        first token and the last), ``decode_wall[name]`` (generate ``decode_tokens`` - generate
+        one) / (``decode_tokens`` - 1), medians of ``repeats``."""
         params = SamplingParams(temperature=0.0, max_tokens=decode_tokens, ignore_eos=True)
-        runs = []
-        for _ in range(repeats):
-            ids = [*prompt, rng.randrange(1, 1000)]
-            many_ms = gen(llm, ids, params)[0]
-            one_ms = gen(llm, ids, one)[0]
-            runs.append((many_ms - one_ms) / (decode_tokens - 1))
-        return statistics.median(runs)
+        engine = llm.llm_engine
+        step = engine.step
+        steps: list[float] = []
+
+        def timed_step() -> Any:
+            t0 = time.perf_counter()
+            out = step()
+            steps.append((time.perf_counter() - t0) * 1000)
+            return out
+
+        runs, per_step = [], []
+        engine.step = timed_step  # an instance attribute: vLLM's LLM calls llm_engine.step()
+        try:
+            for _ in range(repeats):
+                ids = [*prompt, rng.randrange(1, 1000)]
+                steps.clear()
+                many_ms = gen(llm, ids, params)[0]
+                per_step.extend(steps[1 : decode_tokens - 1])  # past the first token's step
+                one_ms = gen(llm, ids, one)[0]
+                runs.append((many_ms - one_ms) / (decode_tokens - 1))
+        finally:
+            del engine.step
+        decode[name] = statistics.median(per_step)
+        decode_wall[name] = statistics.median(runs)
 
     ttft: dict[str, float] = {}
     decode: dict[str, float] = {}
+    decode_wall: dict[str, float] = {}
     hits: dict[str, int] = {}
     outputs: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory(prefix="hicache-bench-vllm-") as tmp:
@@ -218,14 +239,14 @@ def run_bench(
         llm.reset_prefix_cache()
         outputs["recompute"] = gen(llm, prompt, many)[1]
         timed(llm, "vllm_prefix_cache", reset=False)
-        decode["no_connector"] = decode_ms(llm)
+        decode_ms(llm, "no_connector")
         del llm
 
         extra = {"host_gib": host_gib, "storage_backend": "directory", "storage_path": str(store)}
         llm = _llm(folder, "HiCacheConnector", extra)
         gen(llm, prompt, one)  # fills host and store
         timed(llm, "hicache_host", reset=True)
-        decode["hicache_save_decode"] = decode_ms(llm)
+        decode_ms(llm, "hicache_save_decode")
         # a chat: turn 1 replies 48 tokens (a decode block fills and is saved), turn 2 sends
         # the whole conversation plus 64 new tokens after vLLM's prefix cache was reset
         reply = gen(llm, prompt, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))[1]
@@ -250,6 +271,7 @@ def run_bench(
             llm = _llm(folder, "ExampleConnector", {"shared_storage_path": str(example)})
             gen(llm, prompt, one)
             timed(llm, "example_connector", reset=True)
+            decode_ms(llm, "example_connector")
             del llm
 
     base = outputs["recompute"]
@@ -274,8 +296,18 @@ def run_bench(
             "decode_with_saves_vs_no_connector": round(
                 decode["hicache_save_decode"] / decode["no_connector"], 3
             ),
+            "decode_wall_with_saves_vs_no_connector": round(
+                decode_wall["hicache_save_decode"] / decode_wall["no_connector"], 3
+            ),
+            "decode_example_connector_vs_no_connector": (
+                round(decode["example_connector"] / decode["no_connector"], 3)
+                if "example_connector" in decode
+                else None
+            ),
         },
         "decode_ms_per_token": {k: round(v, 2) for k, v in decode.items()},
+        "decode_wall_ms_per_token": {k: round(v, 2) for k, v in decode_wall.items()},
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "hit_tokens": hits,
         "tokens_identical": all(v == base for v in outputs.values()),
     }
