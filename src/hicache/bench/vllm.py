@@ -20,8 +20,12 @@ Every cached configuration also generates ``--tokens`` greedy tokens from its ca
 tokens; hicache's hit covers the reply's full block too (save_decode): 4,128 of 4,208 tokens. Ratios are computed from medians of ``--repeats`` timed runs.
 
 Decode (``decode_ms_per_token``): per-token decode time of 128 greedy tokens after a prefix hit,
-without a connector (the vllm_prefix_cache instance) and with HiCacheConnector saving every
-decode block (save_decode; the hicache_host instance): (generate 128 - generate 1) / 127.
+without a connector (the vllm_prefix_cache instance), with HiCacheConnector saving every decode
+block (save_decode; the hicache_host instance) and with vLLM's ExampleConnector (its instance;
+absent for qwen3-next): the median of the engine steps between the first token and the last
+(vLLM's ``llm_engine.step``, timed one by one: one slow step on a loaded machine moves it
+little); ``decode_wall_ms_per_token`` is (generate 128 - generate 1) / 127 of the same runs.
+``load_average`` is os.getloadavg() at the end: on a shared machine the figures scatter with it.
 """
 
 from __future__ import annotations

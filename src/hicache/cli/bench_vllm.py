@@ -4,7 +4,8 @@ when the command runs, so the cli never needs vLLM).
 
 JSON: {"model", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache", "hicache_host",
 "hicache_storage", "example_connector"}, "ratios", "decode_ms_per_token": {"no_connector",
-"hicache_save_decode"}, "hit_tokens", "tokens_identical"}.
+"hicache_save_decode", "example_connector"}, "decode_wall_ms_per_token", "load_average",
+"hit_tokens", "tokens_identical"}.
 """
 
 from __future__ import annotations
