@@ -14,6 +14,12 @@
   30 s), setting ``entered`` first; a get that hung then writes its bytes, as a late store would.
 - HangingStore: a FakeStore named "hanging" that ignores deadlines (the bounded-storage
   tests' store).
+- Stalled: any store whose gets wait (ignoring their deadline, at most 30 s) until ``release``
+  is set, then delegate: a store that breaks the port's deadline contract.
+- fail_after_first / damage_read: the get faults themselves, shared by every faulty store of
+  the tests (this one, the vLLM tests' FaultyStore and HarnessStore, which wrap a real
+  DirectoryStore): the statuses after the first n turned into one status; a function applied
+  to every page a get read OK.
 """
 
 from __future__ import annotations
@@ -23,14 +29,35 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from hicache.adapters.storage.delegating import DelegatingStore
 from hicache.domain.storage import (
     PageBuffer,
+    Store,
     StoreHealth,
     StoreKey,
     StoreStatus,
     buffer_nbytes,
     check_batch,
 )
+
+
+def fail_after_first(
+    statuses: Sequence[StoreStatus], n: int, status: StoreStatus
+) -> list[StoreStatus]:
+    """``statuses`` with every one after the first ``n`` replaced by ``status``."""
+    return [s if i < n else status for i, s in enumerate(statuses)]
+
+
+def damage_read(
+    keys: Sequence[StoreKey],
+    statuses: Sequence[StoreStatus],
+    buffers: Sequence[PageBuffer],
+    fn: Callable[[StoreKey, PageBuffer], None],
+) -> None:
+    """``fn(key, buffer)`` on every page a get read OK (damage after the store's checks)."""
+    for key, status, buffer in zip(keys, statuses, buffers, strict=True):
+        if status.ok:
+            fn(key, buffer)
 
 
 class _Fault:
@@ -151,12 +178,9 @@ class FakeStore:
     ) -> list[StoreStatus]:
         statuses = self._batch("get", keys, buffers, self._wait(deadline), self._read)
         if self._fail_after is not None:
-            n, status = self._fail_after
-            statuses = [s if i < n else status for i, s in enumerate(statuses)]
+            statuses = fail_after_first(statuses, *self._fail_after)
         if self._damage is not None:
-            for key, status, buffer in zip(keys, statuses, buffers, strict=True):
-                if status.ok:
-                    self._damage(key, buffer)
+            damage_read(keys, statuses, buffers, self._damage)
         return statuses
 
     def _batch(
@@ -249,3 +273,21 @@ class HangingStore(FakeStore):
 
     def _wait(self, deadline: float | None) -> None:
         super()._wait(deadline)
+
+
+class Stalled(DelegatingStore):
+    """A store whose gets ignore their deadline until ``release`` is set (at most 30 s)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.release = threading.Event()
+
+    def get(
+        self,
+        keys: Sequence[StoreKey],
+        buffers: Sequence[PageBuffer],
+        *,
+        deadline: float | None = None,
+    ) -> list[StoreStatus]:
+        self.release.wait(30)
+        return self.inner.get(keys, buffers, deadline=deadline)

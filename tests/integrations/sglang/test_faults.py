@@ -4,9 +4,7 @@ a store that keeps failing; get_stats is SGLang's StorageMetrics with hicache's 
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,6 @@ require_sglang()
 
 from sglang.srt.observability.metrics_collector import StorageMetrics  # noqa: E402
 
-from hicache.adapters.storage.delegating import DelegatingStore  # noqa: E402
 from hicache.adapters.storage.directory import DirectorySettings, DirectoryStore  # noqa: E402
 from hicache.bootstrap.faults import (  # noqa: E402
     Faults,
@@ -26,11 +23,12 @@ from hicache.bootstrap.faults import (  # noqa: E402
     StoreFaultRates,
     directory_corruptor,
 )
-from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus  # noqa: E402
+from hicache.domain.storage import StoreKey  # noqa: E402
 from hicache.integrations.sglang import HiCacheBackend  # noqa: E402
 from hicache.integrations.sglang.keys import page_key  # noqa: E402
 from tests.integrations.sglang.conftest import extra, storage_config  # noqa: E402
 from tests.integrations.sglang.pools import fill_page, keys, mha_pool, tokens  # noqa: E402
+from tests.storage.fakes import Stalled  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -75,24 +73,6 @@ def test_a_dead_store_fails_backups_misses_queries_and_opens_the_breaker(tmp_pat
         )
     finally:
         backend.close()
-
-
-class Stalled(DelegatingStore):
-    """A store that ignores its deadline (breaks the port's contract) until released."""
-
-    def __init__(self, inner: Any) -> None:
-        super().__init__(inner)
-        self.release = threading.Event()
-
-    def get(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        self.release.wait(30)
-        return self.inner.get(keys, buffers, deadline=deadline)
 
 
 def test_a_stalled_store_never_holds_sglangs_thread_past_deadline_plus_grace(

@@ -16,12 +16,13 @@ Loaded by HiCacheConnector through hicache's "dynamic" storage backend
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
+from tests.storage.fakes import damage_read, fail_after_first
 
 HANG_MAX_S = 600.0
 
@@ -68,17 +69,22 @@ class FaultyStore(DirectoryStore):
         statuses = super().get(keys, buffers, deadline=deadline)
         fail = self.flags / "fail_after"
         if fail.exists():
-            n = int(fail.read_text())
-            statuses = [s if i < n else StoreStatus.TRANSIENT for i, s in enumerate(statuses)]
+            statuses = fail_after_first(statuses, int(fail.read_text()), StoreStatus.TRANSIENT)
         corrupt = self.flags / "corrupt"
         if corrupt.exists():
-            mode = corrupt.read_text().strip()
-            for key, status, buffer in zip(keys, statuses, buffers, strict=True):
-                if not status.ok:
-                    continue
-                for seg in buffer:
-                    if mode == "1":
-                        seg[::3] = bytes(len(seg[::3]))
-                    elif key.pool.startswith(mode):  # "kv" or "state": zero those pages
-                        seg[:] = bytes(len(seg))
+            damage_read(keys, statuses, buffers, _scrambler(corrupt.read_text().strip()))
         return statuses
+
+
+def _scrambler(mode: str) -> Callable[[StoreKey, PageBuffer], None]:
+    """The ``corrupt`` flag's damage: ``1`` zeroes every third byte of every page; ``kv`` or
+    ``state`` zeroes the whole pages of that kind only."""
+
+    def scramble(key: StoreKey, buffer: PageBuffer) -> None:
+        for seg in buffer:
+            if mode == "1":
+                seg[::3] = bytes(len(seg[::3]))
+            elif key.pool.startswith(mode):
+                seg[:] = bytes(len(seg))
+
+    return scramble

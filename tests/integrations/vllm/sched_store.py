@@ -18,6 +18,7 @@ import attrs
 
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
+from tests.storage.fakes import fail_after_first
 
 
 @attrs.define(eq=False)
@@ -95,8 +96,7 @@ class HarnessStore(DirectoryStore):
             if c.fail_reads:
                 return [StoreStatus.TRANSIENT] * len(keys)
             if c.fail_reads_after is not None:
-                n = c.fail_reads_after
-                statuses = [s if i < n else StoreStatus.TRANSIENT for i, s in enumerate(statuses)]
+                statuses = fail_after_first(statuses, c.fail_reads_after, StoreStatus.TRANSIENT)
             c.pages_read += sum(1 for s in statuses if s.ok)
             return statuses
         finally:
