@@ -11,15 +11,15 @@ are built here.
 - storage: a store's put/get/exists against plain file I/O of the same bytes (torch).
 - scale: copy time per byte, planner time per layer, index cost per page as sizes grow (torch).
 - soak: random cache operations over every stack with injected faults; leak and byte checks.
-- vllm: time to first token of a real vLLM with and without HiCacheConnector (imports vLLM
-  inside its functions).
 - vllm_worker: the vLLM connector's worker copies and compute slowed by saves, without vLLM.
-- sglang: SGLang's HiCacheFile against hicache's SGLang backend (imports SGLang: the command
-  imports it inside its run).
+
+The benches that drive a serving engine live with its integration, the only code that imports
+that engine: hicache.integrations.vllm.bench (`hicache bench vllm`) and
+hicache.integrations.sglang.bench (`hicache bench sglang`).
 
 The package sits above hicache.integrations and below hicache.cli (pyproject.toml's layers): it
-measures adapters, the bootstrap and the integrations, and drives the serving engines (vLLM,
-SGLang) the integrations plug into. Importing this package loads no submodule; the modules that
+measures adapters, the bootstrap and the integrations' vLLM-free parts. Importing this package
+loads no submodule; the modules that
 import torch (copy, storage, scale, vllm_worker) are imported by the cli only when their
 command runs, so the command line stays torch-free.
 """

@@ -9,11 +9,11 @@ hicache.bench (named after each line).
 - bench cache: page-key hashing and the prefix index's cost per page (hicache.bench.cache).
 - bench storage: a store's put/get/exists against plain file I/O (hicache.bench.storage).
 - bench sglang: SGLang's HiCacheFile against hicache's SGLang backend
-  (hicache.bench.sglang).
+  (hicache.integrations.sglang.bench).
 - bench scale: copy time per byte and planner time per layer as sizes grow (hicache.bench.scale).
 - bench soak: random cache operations with injected faults; leak and byte checks
   (hicache.bench.soak).
-- bench vllm: TTFT of a real vLLM with HiCacheConnector (hicache.bench.vllm; needs vLLM).
+- bench vllm: TTFT of a real vLLM with HiCacheConnector (hicache.integrations.vllm.bench; needs vLLM).
 - bench vllm-worker: the connector's worker copies and compute slowed by saves, CPU and CUDA
   (hicache.bench.vllm_worker; no vLLM).
 """

@@ -1,7 +1,7 @@
 """`hicache bench sglang`: SGLang's HiCacheFile against hicache's SGLang backend (directory store).
 
 Both move the pages of one SGLang host pool through the calls SGLang's controller makes for
-each (hicache.bench.sglang); the JSON is ``{"pages", "page_bytes", "hicache":
+each (hicache.integrations.sglang.bench); the JSON is ``{"pages", "page_bytes", "hicache":
 {"put_gbps", "get_gbps", "exists_per_s", "pages_put", "pages_got"}, "hicache_file": {...},
 "ratios": {"put", "get"}, "hicache_store_pages_written", "corruption_detected": {"hicache",
 "hicache_file"}}`` plus the layout, rounds and paths (docs/sglang.md). The integration (and so sglang
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     stood_in = allow_sglang_without_torchvision()
     try:
-        from hicache.bench.sglang import SglangBench, run_sglang_bench
+        from hicache.integrations.sglang.bench import SglangBench, run_sglang_bench
     finally:
         if stood_in:
             withdraw_stand_in()

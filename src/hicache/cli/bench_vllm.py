@@ -1,5 +1,5 @@
 """`hicache bench vllm`: TTFT of a real vLLM with HiCacheConnector against recompute, vLLM's
-own prefix cache and vLLM's ExampleConnector (hicache.bench.vllm; imported only
+own prefix cache and vLLM's ExampleConnector (hicache.integrations.vllm.bench; imported only
 when the command runs, so the cli never needs vLLM).
 
 JSON: {"model", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache", "hicache_host",
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if model is not None and not (model / "config.json").is_file():
         raise ConfigError(f"--model {args.model_dir!r}: expected a folder holding config.json")
     try:
-        from hicache.bench.vllm import run_bench
+        from hicache.integrations.vllm.bench import run_bench
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ConfigError(
             f"hicache bench vllm needs vLLM ({e}): pip install 'hicache[vllm]'"

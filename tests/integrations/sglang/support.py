@@ -42,7 +42,7 @@ MODULES = (
     "sglang.srt.managers.cache_controller",
     "sglang.srt.observability.metrics_collector",
     "hicache.integrations.sglang.backend",
-    "hicache.bench.sglang",
+    "hicache.integrations.sglang.bench",
 )
 
 

@@ -40,7 +40,7 @@ def qwen3_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [
             sys.executable,
             "-c",
-            f"from hicache.bench.vllm import make_tiny_qwen3_next as make_hybrid_model; "
+            f"from hicache.integrations.vllm.bench import make_tiny_qwen3_next as make_hybrid_model; "
             f"from pathlib import Path; make_hybrid_model(Path({str(folder)!r}))",
         ],
         cwd=ROOT,
