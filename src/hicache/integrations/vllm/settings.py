@@ -72,8 +72,9 @@ class ConnectorSettings:
     save_decode: bool = True
     metrics_port: int | None = None  # serve hicache's metrics: scheduler here, rank r at +1+r
     metrics: str = "off"  # "register": into prometheus_client's global REGISTRY
-    # block copies host <-> vLLM's caches: "native" (hicache's C memcpy helper, CPU caches),
-    # "torch" (index_select / index_copy_), "auto": native for CPU caches, torch otherwise
+    # which of hicache's row-copy backends (hicache.adapters.copy.rows) moves blocks between
+    # host pages and vLLM's caches: "auto" (memcpy on CPU, cuda_batch on CUDA), "native" (memcpy),
+    # "cuda_batch" or "torch"
     copy_backend: str = "auto"
     deadline_s: float = DEADLINE_S  # what one store call may take
     grace_s: float = GRACE_S  # how much longer vLLM waits for a store past its deadline

@@ -2,11 +2,8 @@
 
 - block_rows, state_rows, choose_copier: re-exported from hicache.integrations.vllm.block_rows
   (vLLM's caches as whole-block byte rows; the copier of the ``copy_backend`` setting).
-- HostPages: the worker's host tier, ``(slots, page_bytes)`` uint8 on a hicache host memory
-  region (anonymous; pinned on CUDA, a pinning failure is an error): a page is one block of
-  every attention layer, back to back, so it is one contiguous store object. A hybrid model
-  also has state slots, ``(state_slots, state_bytes)``: one state of every state layer, each
-  taken from its own group's block at the boundary.
+- The host tier (pages of one block of every attention layer, and a hybrid model's states) is
+  hicache.integrations.vllm.worker_host.HostTier, on hicache's host-memory adapters.
 - WorkerTransfers: runs a StepPlan on hicache's copy streams (hicache.adapters.streams: CUDA
   streams, or the CPU worker threads). Synchronous loads are issued layer by layer on the load
   stream, each with an event (``wait_layer`` makes vLLM's compute wait on it); saves are issued
@@ -39,7 +36,7 @@ import attrs
 import torch
 
 from hicache.adapters.copy.rows import RowCopier
-from hicache.domain import DeviceError, HostMemory
+from hicache.domain import HostMemory
 from hicache.domain.ports import Direction, Streams
 from hicache.domain.ports import Event as CopyEvent
 from hicache.domain.storage import StoreKey
@@ -52,14 +49,13 @@ from hicache.integrations.vllm.plan import (
     SaveOp,
     StateSave,
     StepPlan,
-    is_state,
     store_tier,
 )
 from hicache.integrations.vllm.stats import ConnectorStats
+from hicache.integrations.vllm.worker_host import HostTier
 from hicache.integrations.vllm.worker_parts import (
     CpuOrder,
     CudaOrder,
-    HostRows,
     Order,
     host_memory_for,
     open_worker_streams,
@@ -107,51 +103,24 @@ class WorkerTransfers:
         self.rows = dict(layers)
         first = [t for _, t in layers] + [t for _, _, t in state_layers]
         self.device = first[0].device if first else torch.device("cpu")
-        self.offsets: dict[str, tuple[int, int]] = {}
-        off = 0
-        for name, rows in layers:
-            self.offsets[name] = (off, rows.shape[1])
-            off += rows.shape[1]
-        self.page_bytes = off
-        slots = host_bytes // self.page_bytes
-        if slots < 1:
-            raise DeviceError(
-                f"host_gib gives {host_bytes} bytes, less than one page of {self.page_bytes} "
-                "bytes (one block of every layer)"
-            )
         # hybrid: (name, state group position, rows) of every state layer
         self.state_layers = list(state_layers)
-        self.state_offsets: dict[str, tuple[int, int]] = {}
-        off = 0
-        for name, _, rows in self.state_layers:
-            self.state_offsets[name] = (off, rows.shape[1])
-            off += rows.shape[1]
-        self.state_bytes = off
-        state_slots = state_host_bytes // off if off else 0
-        if self.state_layers and state_slots < 1:
-            raise DeviceError(
-                f"host_gib gives {state_host_bytes} bytes for states, less than one state of "
-                f"{off} bytes (every state layer)"
-            )
-        memory = host_memory if host_memory is not None else host_memory_for(self.device)
-        self._host = HostRows(slots, self.page_bytes, host_memory=memory, device=self.device)
-        try:
-            self._state_host = HostRows(state_slots, off, host_memory=memory, device=self.device)
-        except BaseException:
-            self._host.close()
-            raise
-        self.host = self._host.tensor
-        self.state_host = self._state_host.tensor
+        self.tier = HostTier(
+            [(n, int(r.shape[1])) for n, r in layers],
+            [(n, int(r.shape[1])) for n, _, r in self.state_layers],
+            host_bytes=host_bytes,
+            state_host_bytes=state_host_bytes,
+            host_memory=host_memory if host_memory is not None else host_memory_for(self.device),
+            device=self.device,
+        )
         if copier is None:
-            copier = choose_copier("auto", first, pinned=self._host.pinned)
+            copier = choose_copier("auto", first, pinned=self.tier.pinned)
         self.copier = copier
         self.streams, self.order = (
             streams if streams is not None else open_worker_streams(self.device)
         )
         self.store: BoundedTier | None = (
-            store_tier(store, lambda page: [store_key(page)])
-            if store is not None
-            else None
+            store_tier(store, lambda page: [store_key(page)]) if store is not None else None
         )
         self.store_key = store_key
         self.stats = stats
@@ -169,7 +138,25 @@ class WorkerTransfers:
 
     @property
     def slots(self) -> int:
-        return int(self.host.shape[0])
+        return self.tier.slots
+
+    @property
+    def page_bytes(self) -> int:
+        return self.tier.page_bytes
+
+    @property
+    def state_bytes(self) -> int:
+        return self.tier.state_bytes
+
+    @property
+    def host(self) -> torch.Tensor:
+        """The host pages, ``(slots, page_bytes)`` uint8."""
+        return self.tier.pages
+
+    @property
+    def state_host(self) -> torch.Tensor:
+        """The host states, ``(state_slots, state_bytes)`` uint8 (hybrid models only)."""
+        return self.tier.states
 
     # ---- one step ------------------------------------------------------------------------
 
@@ -349,11 +336,10 @@ class WorkerTransfers:
     def _loader(
         self, step: _Step, name: str, slots: Sequence[int], blocks: Sequence[int]
     ) -> Callable[[], None]:
-        off, size = self.offsets[name]
 
         def load() -> None:
             try:
-                self.copier.copy(self.rows[name], blocks, self.host.narrow(1, off, size), slots)
+                self.copier.copy(self.rows[name], blocks, self.tier.layer(name), slots)
             except BaseException as exc:
                 step.load_failed.append(exc)
                 raise
@@ -361,9 +347,8 @@ class WorkerTransfers:
         return load
 
     def _save_rows(self, name: str, saves: Sequence[SaveOp]) -> None:
-        off, size = self.offsets[name]
         self.copier.copy(
-            self.host.narrow(1, off, size),
+            self.tier.layer(name),
             [op.slot for op in saves],
             self.rows[name],
             [op.block for op in saves],
@@ -372,9 +357,8 @@ class WorkerTransfers:
     def _save_states(self, saves: Sequence[StateSave]) -> None:
         slots = [op.slot for op in saves]
         for name, group, rows in self.state_layers:
-            off, size = self.state_offsets[name]
             blocks = [op.blocks[group] for op in saves]
-            self.copier.copy(self.state_host.narrow(1, off, size), slots, rows, blocks)
+            self.copier.copy(self.tier.state(name), slots, rows, blocks)
 
     def _to_device_now(self, work: Callable[[], None]) -> None:
         """Host-to-device copies off vLLM's step (store thread): on the load stream, after
@@ -396,34 +380,23 @@ class WorkerTransfers:
     def _load_state(self, slot: int, blocks: Sequence[int]) -> None:
         def work() -> None:
             for name, group, rows in self.state_layers:
-                off, size = self.state_offsets[name]
-                self.copier.copy(
-                    rows, [blocks[group]], self.state_host.narrow(1, off, size), [slot]
-                )
+                self.copier.copy(rows, [blocks[group]], self.tier.state(name), [slot])
 
         self._to_device_now(work)
 
     def _copy_pages(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         def work() -> None:
             for name in self.names:
-                off, size = self.offsets[name]
-                self.copier.copy(self.rows[name], blocks, self.host.narrow(1, off, size), slots)
+                self.copier.copy(self.rows[name], blocks, self.tier.layer(name), slots)
 
         self._to_device_now(work)
 
     # ---- store I/O (store thread) --------------------------------------------------------
 
-    def _page(self, slot: int, key: bytes = b"") -> list[memoryview]:
-        host = self.state_host if is_state(key) else self.host
-        return [memoryview(host[slot].numpy()).cast("B")]  # type: ignore[arg-type]
-
     @property
     def host_pinned(self) -> bool:
         """Whether the host pages are page-locked (on CUDA)."""
-        return bool(self._host.pinned)
-
-    def _nbytes(self, key: bytes) -> int:
-        return self.state_bytes if is_state(key) else self.page_bytes
+        return self.tier.pinned
 
     def _store_pages(self, saves: Sequence[SaveOp | StateSave]) -> None:
         assert self.store is not None
@@ -431,7 +404,7 @@ class WorkerTransfers:
         settled: Future[Any] = Future()
         try:
             answer = self.store.write_each(
-                [op.key for op in saves], [self._page(op.slot, op.key) for op in saves]
+                [op.key for op in saves], [self.tier.page(op.slot, op.key) for op in saves]
             )
         except Exception as exc:  # e.g. a key the store cannot name: simply not stored
             settled.set_result(None)  # the call ended with its exception
@@ -450,14 +423,14 @@ class WorkerTransfers:
         self.stats.add("store_s", time.perf_counter() - t0)
         self.stats.add(
             "store_bytes",
-            sum(self._nbytes(op.key) for op, ok in zip(saves, oks, strict=True) if ok),
+            sum(self.tier.nbytes(op.key) for op, ok in zip(saves, oks, strict=True) if ok),
         )
         self.stats.add("store_errors", len(saves) - good)
         # STORE ends the slots' pins: only once the store no longer reads them
         self._report_when(
             settled,
             [
-                Event(Op.STORE, op.key, ok, self._nbytes(op.key))
+                Event(Op.STORE, op.key, ok, self.tier.nbytes(op.key))
                 for op, ok in zip(saves, oks, strict=True)
             ],
         )
@@ -487,7 +460,7 @@ class WorkerTransfers:
             assert self.store is not None
             try:
                 answer = self.store.read_each(
-                    [keys[i] for i in reads], [self._page(slots[i], keys[i]) for i in reads]
+                    [keys[i] for i in reads], [self.tier.page(slots[i], keys[i]) for i in reads]
                 )
             except Exception as exc:  # e.g. a key the store cannot name: the call ended
                 status = dict.fromkeys(reads, False)
@@ -504,7 +477,7 @@ class WorkerTransfers:
         good = 0
         while good < len(op.keys) and status.get(good, True):
             good += 1
-        read_ok = sum(self._nbytes(keys[i]) for i, ok in status.items() if ok)
+        read_ok = sum(self.tier.nbytes(keys[i]) for i, ok in status.items() if ok)
         self.stats.add("read_bytes", read_ok)
         self.stats.add("read_errors", sum(1 for ok in status.values() if not ok))
         state_ok = op.state is not None and status.get(len(op.keys), True)
@@ -531,7 +504,9 @@ class WorkerTransfers:
             seconds=seconds,
             ok=good == len(op.keys) and not (op.all_or_nothing and not whole),
         )
-        events = [Event(Op.READ, keys[i], ok, self._nbytes(keys[i])) for i, ok in status.items()]
+        events = [
+            Event(Op.READ, keys[i], ok, self.tier.nbytes(keys[i])) for i, ok in status.items()
+        ]
         # LOAD ends each slot's pin; it fails only where a copy failed (a page after a failed
         # read is fine on host, just not loaded: the READ events say which pages are broken).
         # The read slots' LOADs wait until the store call ended (it may still write them).
@@ -597,8 +572,7 @@ class WorkerTransfers:
         self.wait_idle()
         self._io.shutdown(wait=True)
         self.streams.close()
-        self._host.close()
-        self._state_host.close()
+        self.tier.close()
 
 
 __all__ = ["WorkerTransfers", "block_rows", "choose_copier", "state_rows"]

@@ -19,7 +19,7 @@ import torch
 
 from hicache.adapters.host_memory import HostRegion, open_region
 from hicache.adapters.streams import CpuStreams
-from hicache.domain import HostMemory, MemoryKind, Pinning
+from hicache.domain import DeviceError, HostMemory, MemoryKind, Pinning
 from hicache.domain.host_memory import ANONYMOUS
 from hicache.domain.ports import Direction, Event, Streams
 
@@ -36,24 +36,21 @@ class HostRows:
     def __init__(
         self, rows: int, row_bytes: int, *, host_memory: HostMemory, device: torch.device
     ) -> None:
-        self.region: HostRegion | None = None
         if rows < 1 or row_bytes < 1:
-            self.tensor = torch.empty((max(rows, 0), max(row_bytes, 1)), dtype=torch.uint8)
-            self.pinned = False
-            return
-        self.region = open_region(
+            raise DeviceError(
+                f"host rows: {rows} rows of {row_bytes} bytes; expected at least one byte row"
+            )
+        self.region: HostRegion = open_region(
             host_memory, rows * row_bytes, device=str(device), row_bytes=row_bytes
         )
         self.tensor = self.region.tensor().view(rows, row_bytes)
         self.pinned = self.region.pinned
 
     def close(self) -> None:
-        if self.region is not None:
-            self.region.close()
+        self.region.close()
 
     def __repr__(self) -> str:
-        where = self.region if self.region is not None else "no region"
-        return f"<HostRows {tuple(self.tensor.shape)} on {where}>"
+        return f"<HostRows {tuple(self.tensor.shape)} on {self.region}>"
 
 
 class Order(Protocol):
