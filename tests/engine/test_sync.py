@@ -35,13 +35,23 @@ def test_a_scheduler_loop_merges_shares_waits_per_layer_and_cancels_from_plain_t
                 la = sync.prepare_load(a)
                 shared = sync.prepare_load(a)  # a second request with the same prefix
                 lb = sync.prepare_load(b)
+                gate = rig.transfer.gate("load", 0)  # no load can end before lb is cancelled
                 sync.submit()
                 assert shared.joined
                 assert shared.device_pages == la.device_pages
                 errors: list[BaseException] = []
                 t = threading.Thread(target=_forward, args=(rig, la, a, errors))
                 t.start()
-                lb.cancel()  # a request aborted by the scheduler
+                # A request aborted by the scheduler while its copy is held in flight: cancel()
+                # returns once its pages are back, so it runs beside the gate's opening.
+                canceller = threading.Thread(target=lb.cancel)
+                canceller.start()
+                deadline = time.monotonic() + 10
+                while lb.state is not OperationState.CANCELLED and time.monotonic() < deadline:
+                    time.sleep(1e-3)
+                gate.open()
+                canceller.join(10)
+                assert not canceller.is_alive()
                 t.join(10)
                 assert not t.is_alive()
                 assert errors == []
