@@ -149,3 +149,22 @@ def test_the_pin_counts_are_the_domains_pin_table() -> None:
     idx.pins.pin({PoolName.MAMBA: [slot]})  # pinned behind the index's back
     with pytest.raises(PinnedPageError):
         idx.clear_unpinned()
+
+
+def test_the_listener_hears_each_page_become_matchable_and_stop_being_so_once() -> None:
+    heard: list[tuple[int, bool]] = []
+    idx = HostPages(2, on_change=lambda key, held: heard.append((key[0], held)))
+    held(idx, 1, 2)
+    assert heard == [(1, True), (2, True)]
+    assert idx.reserve(k(3)) is not None  # evicts 1 (the oldest); 3 is pending: not heard
+    assert heard[2:] == [(1, False)]
+    idx.drop(k(3))  # a failed write of a page never matchable: nothing to hear
+    idx.unpin(k(3))
+    assert heard[3:] == []
+    idx.pin(k(2))
+    idx.drop(k(2))  # pinned: unmatchable now (heard), its slot freed at the unpin (not again)
+    idx.unpin(k(2))
+    assert heard[3:] == [(2, False)]
+    held(idx, 4, 5)
+    assert idx.clear_unpinned() == 2
+    assert heard[4:] == [(4, True), (5, True), (4, False), (5, False)]

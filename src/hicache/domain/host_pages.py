@@ -9,6 +9,9 @@
 - ready(key) makes a PENDING page matchable; drop(key) forgets a page whose write or read failed
   (unmatchable at once, its slot free once unpinned); pin / unpin keep a page from eviction.
 - clear_unpinned(): forget every READY unpinned page (a cache reset); pinned pages stay.
+- on_change(key, held): an optional listener told when a page becomes matchable (``held``
+  True: ``ready``) and when a matchable page stops being so (False: evicted, cleared, dropped),
+  once each way; what the vLLM connector's KV events are made from.
 
 Built from the domain's own pieces, not a second copy of them: the slots are a PageAllocator
 (hicache.domain.slots), the pin counts a PinTable keyed by (pool, slot) (hicache.domain.pins)
@@ -22,6 +25,7 @@ one tracks only which pages the host holds. One owner thread.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hicache.domain.errors import CacheStateError, ConfigError
@@ -45,10 +49,17 @@ class _Page:
 class HostPages:
     """Page keys (bytes) -> host slots of one pool; LRU over READY unpinned pages."""
 
-    def __init__(self, slots: int, *, pool: PoolName = PoolName.KV) -> None:
+    def __init__(
+        self,
+        slots: int,
+        *,
+        pool: PoolName = PoolName.KV,
+        on_change: Callable[[bytes, bool], None] | None = None,
+    ) -> None:
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise ConfigError(f"host tier: {slots!r} host pages; expected at least 1")
         self.pool = pool
+        self.on_change = on_change
         self._slots = PageAllocator(slots, name=f"host {pool.value}")
         self.pins = PinTable(f"host {pool.value} pins")
         self._lru: TickLru[_Page] = TickLru(1)
@@ -112,14 +123,18 @@ class HostPages:
         self.pins.check_unpinned({self.pool: [page.slot]}, action="free")
         del self._pages[page.key]
         self._slots.free([page.slot])
+        if page.ready and self.on_change is not None:
+            self.on_change(page.key, False)
 
     def ready(self, key: bytes) -> None:
         page = self._page(key)
         if page.dropped:
             return
-        page.ready = True
+        was_ready, page.ready = page.ready, True
         if not self.pins.is_pinned(self.pool, page.slot):
             self._lru.stamp(page, 0)
+        if not was_ready and self.on_change is not None:
+            self.on_change(key, True)
 
     def drop(self, key: bytes) -> None:
         """Forget a page (a failed write or read): unmatchable now, slot free once unpinned."""
@@ -128,8 +143,10 @@ class HostPages:
             return
         self._lru.unstamp(page, 0)
         if self.pins.is_pinned(self.pool, page.slot):
-            page.ready = False
+            was_ready, page.ready = page.ready, False
             page.dropped = True
+            if was_ready and self.on_change is not None:
+                self.on_change(key, False)
         else:
             self._forget(page)
 
