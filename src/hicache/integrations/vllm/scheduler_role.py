@@ -2,7 +2,8 @@
 
 - SchedulerConnector: get_num_new_matched_tokens, update_state_after_alloc,
   get_external_cache_hit_sources, build_connector_meta, update_connector_output,
-  request_finished, reset_cache. It reads
+  request_finished, reset_cache, take_events (hicache.integrations.vllm.events: the tiers'
+  KV events, made only when vLLM's kv_events_config enables them). It reads
   vLLM's Request, KVCacheBlocks and SchedulerOutput and hands plain values (token ids, block
   ids, each block's extra keys through hicache.integrations.vllm.request_keys) to
   hicache.integrations.vllm.scheduler.SchedulerSide, which decides hits and plans.
@@ -13,11 +14,12 @@ vllm/v1/core/sched/output.py (SchedulerOutput).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage
+from hicache.integrations.vllm.events import TierEvents, describer
 from hicache.integrations.vllm.layout import Shape
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.request_keys import prompt_tokens, request_extras
@@ -26,6 +28,7 @@ from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import ConnectorStats
 
 if TYPE_CHECKING:
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -44,8 +47,22 @@ class SchedulerConnector:
         store: BoundedStorage | None,
         store_keys: Callable[[bytes], list[StoreKey]],
         stats: ConnectorStats,
+        kv_events: bool = False,
+        hash_block_size: int | None = None,
     ) -> None:
         self.shape = shape
+        self._requests: dict[str, Request] = {}
+        # kv_events: vLLM's kv_events_config.enable_kv_cache_events (nobody takes them otherwise)
+        self.events = (
+            TierEvents(
+                describer(self._requests, shape.block_size, hash_block_size or shape.block_size),
+                block_size=shape.block_size,
+                host_slots=shape.host_slots,
+                group_idx=shape.layout.attn_group,
+            )
+            if kv_events
+            else None
+        )
         self.side = SchedulerSide(
             block_size=shape.block_size,
             host_slots=shape.host_slots,
@@ -57,8 +74,8 @@ class SchedulerConnector:
             stats=stats,
             state_groups=len(shape.layout.state_groups),
             state_slots=shape.state_slots,
+            events=self.events,
         )
-        self._requests: dict[str, Request] = {}
         self.storage_backend = settings.storage_backend
 
     def get_num_new_matched_tokens(
@@ -143,6 +160,9 @@ class SchedulerConnector:
         )
         out = {CacheHitSource.HOST: host, outer: storage}
         return {source: n for source, n in out.items() if n}
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        return self.events.take() if self.events is not None else ()
 
     def reset_cache(self) -> bool:
         self.side.index.clear_unpinned()
