@@ -54,6 +54,7 @@ from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
+    KVEventsConfig,
     KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
@@ -186,7 +187,8 @@ class Harness:
 
     ``store``: "directory" (HarnessStore over ``root``/store) or None (host tier only);
     ``host_pages``: the connector's host tier in pages; ``num_blocks``: vLLM's KV blocks;
-    ``extra``: more kv_connector_extra_config keys.
+    ``extra``: more kv_connector_extra_config keys; ``kv_events``: vLLM's KV events on
+    (``published``: every event vLLM's scheduler published, its GPU tier's and the connector's).
     """
 
     def __init__(
@@ -200,6 +202,7 @@ class Harness:
         max_num_seqs: int = 64,
         layers: int = 2,
         extra: Mapping[str, Any] | None = None,
+        kv_events: bool = False,
     ) -> None:
         self.root = root
         self.names = tuple(f"model.layers.{i}.self_attn.attn" for i in range(layers))
@@ -244,6 +247,9 @@ class Harness:
                 kv_connector_extra_config=connector,
             ),
             device_config=DeviceConfig("cpu"),
+            kv_events_config=(
+                KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
+            ),
         )
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks  # as vLLM's profiling sets it
         spec = FullAttentionSpec(
@@ -262,6 +268,11 @@ class Harness:
             hash_block_size=BLOCK,
             log_stats=True,
         )
+        self.published: list[Any] = []
+        if kv_events:  # vLLM's null publisher, recording the batches
+            self.scheduler.kv_event_publisher.publish = (  # type: ignore[method-assign]
+                lambda batch: self.published.extend(batch.events)
+            )
         hash_fn = get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(BLOCK, hash_fn)

@@ -1,0 +1,130 @@
+"""The connector's KV events under vLLM's real Scheduler (tests/integrations/vllm/sched_harness.py,
+no model): what vLLM publishes for the host tier (CPU) and the store (STORAGE) matches what each
+tier holds after saves, evictions, a reset and a restart, with the hashes vLLM's GPU tier
+publishes for the same blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integrations.vllm.vllm_support import require_vllm
+
+require_vllm()
+
+from vllm.distributed.kv_events import (  # noqa: E402
+    MEDIUM_CPU,
+    MEDIUM_GPU,
+    MEDIUM_STORAGE,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+)
+
+from hicache.domain.keys import chain_keys  # noqa: E402
+from hicache.integrations.vllm.connector import HiCacheConnector  # noqa: E402
+from hicache.integrations.vllm.scheduler import SchedulerSide  # noqa: E402
+from tests.integrations.vllm.sched_harness import BLOCK, Harness  # noqa: E402
+from tests.integrations.vllm.sched_helpers import prompts  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+class Consumer:
+    """What a router keeps from the published events: per medium, the hashes held (vLLM's GPU
+    tier publishes medium None or "GPU"), and hicache's page key of every block a GPU
+    BlockStored described (its whole prefix's tokens, chained)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, set[Any]] = {}
+        self.prefix: dict[Any, list[int]] = {}
+        self.key_hash: dict[bytes, Any] = {}
+
+    def feed(self, events: Iterable[Any]) -> None:
+        for e in events:
+            if isinstance(e, BlockStored):
+                medium = e.medium or MEDIUM_GPU
+                self.held.setdefault(medium, set()).update(e.block_hashes)
+                if medium == MEDIUM_GPU:
+                    prefix = list(self.prefix[e.parent_block_hash]) if e.parent_block_hash else []
+                    for i, h in enumerate(e.block_hashes):
+                        prefix += e.token_ids[i * BLOCK : (i + 1) * BLOCK]
+                        self.prefix[h] = list(prefix)
+                        self.key_hash[chain_keys(prefix, BLOCK)[-1]] = h
+            elif isinstance(e, BlockRemoved):
+                self.held.setdefault(e.medium or MEDIUM_GPU, set()).difference_update(
+                    e.block_hashes
+                )
+            elif isinstance(e, AllBlocksCleared):  # vLLM's GPU tier only (reset_prefix_cache)
+                self.held[MEDIUM_GPU] = set()
+
+    def get(self, medium: str) -> set[Any]:
+        return self.held.get(medium, set())
+
+
+def side_of(h: Harness) -> SchedulerSide:
+    connector = h.scheduler.connector
+    assert isinstance(connector, HiCacheConnector) and connector._scheduler is not None
+    return connector._scheduler.side
+
+
+def tiers(h: Harness, consumer: Consumer) -> tuple[set[Any], set[Any]]:
+    """The GPU tier's hashes of the blocks the host tier and the store hold now."""
+    side = side_of(h)
+    keys = list(consumer.key_hash)
+    assert side.store is not None
+    in_store = side.store.exists_each(keys).value
+    host = {consumer.key_hash[k] for k in keys if side.index.lookup(k) is not None}
+    store = {consumer.key_hash[k] for k, ok in zip(keys, in_store, strict=True) if ok}
+    return host, store
+
+
+def test_cpu_and_storage_events_match_the_tiers_with_the_gpu_tiers_hashes(
+    tmp_path: Path,
+) -> None:
+    a, b = prompts(2, 6 * BLOCK + 4, seed=3)
+    h = Harness(tmp_path / "h", store="directory", host_pages=8, kv_events=True)
+    try:
+        consumer = Consumer()
+        h.add(a, max_tokens=1)
+        h.settle()
+        consumer.feed(h.published)
+        hashes_a = {consumer.key_hash[k] for k in chain_keys(a, BLOCK)}
+        assert len(hashes_a) == 6
+        assert consumer.get(MEDIUM_CPU) == hashes_a == consumer.get(MEDIUM_STORAGE)
+        assert hashes_a <= consumer.get(MEDIUM_GPU)
+        # b's 6 pages evict 4 of a's from the 8 host pages; the store keeps both
+        h.add(b, max_tokens=1)
+        h.settle()
+        consumer = Consumer()
+        consumer.feed(h.published)
+        host, store = tiers(h, consumer)
+        assert len(host) == 8 and len(store) == 12
+        assert consumer.get(MEDIUM_CPU) == host
+        assert consumer.get(MEDIUM_STORAGE) == store
+        assert any(isinstance(e, BlockRemoved) and e.medium == MEDIUM_CPU for e in h.published)
+        # a reset of vLLM's prefix cache and the host tier: the store stays
+        assert h.reset_prefix_cache(connector=True)
+        h.settle()
+        consumer = Consumer()
+        consumer.feed(h.published)
+        assert consumer.get(MEDIUM_CPU) == set()
+        assert consumer.get(MEDIUM_STORAGE) == store
+    finally:
+        h.close()
+    # a restart over the same store: nothing published until a lookup finds a's pages there
+    h2 = Harness(tmp_path / "h", store="directory", host_pages=8, kv_events=True)
+    try:
+        h2.add(a, max_tokens=1)
+        h2.settle()
+        again = Consumer()
+        again.feed(h2.published)
+        found = {e for e in h2.published if isinstance(e, BlockStored) and e.medium == MEDIUM_STORAGE}
+        assert found, "the lookup published nothing for the store"
+        assert again.get(MEDIUM_STORAGE) == hashes_a  # the same hashes as before the restart
+        assert again.get(MEDIUM_CPU) == hashes_a  # read back into host memory
+    finally:
+        h2.close()
