@@ -67,7 +67,8 @@ class Consumer:
 
 def side_of(h: Harness) -> SchedulerSide:
     connector = h.scheduler.connector
-    assert isinstance(connector, HiCacheConnector) and connector._scheduler is not None
+    assert isinstance(connector, HiCacheConnector)
+    assert connector._scheduler is not None
     return connector._scheduler.side
 
 
@@ -102,7 +103,8 @@ def test_cpu_and_storage_events_match_the_tiers_with_the_gpu_tiers_hashes(
         consumer = Consumer()
         consumer.feed(h.published)
         host, store = tiers(h, consumer)
-        assert len(host) == 8 and len(store) == 12
+        assert len(host) == 8
+        assert len(store) == 12
         assert consumer.get(MEDIUM_CPU) == host
         assert consumer.get(MEDIUM_STORAGE) == store
         assert any(isinstance(e, BlockRemoved) and e.medium == MEDIUM_CPU for e in h.published)
@@ -122,7 +124,9 @@ def test_cpu_and_storage_events_match_the_tiers_with_the_gpu_tiers_hashes(
         h2.settle()
         again = Consumer()
         again.feed(h2.published)
-        found = {e for e in h2.published if isinstance(e, BlockStored) and e.medium == MEDIUM_STORAGE}
+        found = {
+            e for e in h2.published if isinstance(e, BlockStored) and e.medium == MEDIUM_STORAGE
+        }
         assert found, "the lookup published nothing for the store"
         assert again.get(MEDIUM_STORAGE) == hashes_a  # the same hashes as before the restart
         assert again.get(MEDIUM_CPU) == hashes_a  # read back into host memory
