@@ -5,7 +5,6 @@ publishes for the same blocks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ from vllm.distributed.kv_events import (  # noqa: E402
     MEDIUM_CPU,
     MEDIUM_GPU,
     MEDIUM_STORAGE,
-    AllBlocksCleared,
     BlockRemoved,
     BlockStored,
 )
@@ -27,42 +25,11 @@ from vllm.distributed.kv_events import (  # noqa: E402
 from hicache.domain.keys import chain_keys  # noqa: E402
 from hicache.integrations.vllm.connector import HiCacheConnector  # noqa: E402
 from hicache.integrations.vllm.scheduler import SchedulerSide  # noqa: E402
+from tests.integrations.vllm.kv_events_support import Consumer  # noqa: E402
 from tests.integrations.vllm.sched_harness import BLOCK, Harness  # noqa: E402
 from tests.integrations.vllm.sched_helpers import prompts  # noqa: E402
 
 pytestmark = pytest.mark.vllm
-
-
-class Consumer:
-    """What a router keeps from the published events: per medium, the hashes held (vLLM's GPU
-    tier publishes medium None or "GPU"), and hicache's page key of every block a GPU
-    BlockStored described (its whole prefix's tokens, chained)."""
-
-    def __init__(self) -> None:
-        self.held: dict[str, set[Any]] = {}
-        self.prefix: dict[Any, list[int]] = {}
-        self.key_hash: dict[bytes, Any] = {}
-
-    def feed(self, events: Iterable[Any]) -> None:
-        for e in events:
-            if isinstance(e, BlockStored):
-                medium = e.medium or MEDIUM_GPU
-                self.held.setdefault(medium, set()).update(e.block_hashes)
-                if medium == MEDIUM_GPU:
-                    prefix = list(self.prefix[e.parent_block_hash]) if e.parent_block_hash else []
-                    for i, h in enumerate(e.block_hashes):
-                        prefix += e.token_ids[i * BLOCK : (i + 1) * BLOCK]
-                        self.prefix[h] = list(prefix)
-                        self.key_hash[chain_keys(prefix, BLOCK)[-1]] = h
-            elif isinstance(e, BlockRemoved):
-                self.held.setdefault(e.medium or MEDIUM_GPU, set()).difference_update(
-                    e.block_hashes
-                )
-            elif isinstance(e, AllBlocksCleared):  # vLLM's GPU tier only (reset_prefix_cache)
-                self.held[MEDIUM_GPU] = set()
-
-    def get(self, medium: str) -> set[Any]:
-        return self.held.get(medium, set())
 
 
 def side_of(h: Harness) -> SchedulerSide:
@@ -89,7 +56,7 @@ def test_cpu_and_storage_events_match_the_tiers_with_the_gpu_tiers_hashes(
     a, b = prompts(2, 6 * BLOCK + 4, seed=3)
     h = Harness(tmp_path / "h", store="directory", host_pages=8, kv_events=True)
     try:
-        consumer = Consumer()
+        consumer = Consumer(BLOCK)
         h.add(a, max_tokens=1)
         h.settle()
         consumer.feed(h.published)
@@ -100,7 +67,7 @@ def test_cpu_and_storage_events_match_the_tiers_with_the_gpu_tiers_hashes(
         # b's 6 pages evict 4 of a's from the 8 host pages; the store keeps both
         h.add(b, max_tokens=1)
         h.settle()
-        consumer = Consumer()
+        consumer = Consumer(BLOCK)
         consumer.feed(h.published)
         host, store = tiers(h, consumer)
         assert len(host) == 8
@@ -111,7 +78,7 @@ def test_cpu_and_storage_events_match_the_tiers_with_the_gpu_tiers_hashes(
         # a reset of vLLM's prefix cache and the host tier: the store stays
         assert h.reset_prefix_cache(connector=True)
         h.settle()
-        consumer = Consumer()
+        consumer = Consumer(BLOCK)
         consumer.feed(h.published)
         assert consumer.get(MEDIUM_CPU) == set()
         assert consumer.get(MEDIUM_STORAGE) == store
@@ -122,7 +89,7 @@ def test_cpu_and_storage_events_match_the_tiers_with_the_gpu_tiers_hashes(
     try:
         h2.add(a, max_tokens=1)
         h2.settle()
-        again = Consumer()
+        again = Consumer(BLOCK)
         again.feed(h2.published)
         found = {
             e for e in h2.published if isinstance(e, BlockStored) and e.medium == MEDIUM_STORAGE
