@@ -1,7 +1,8 @@
 """Helpers of the tests that run a real vLLM in a child process (tests.integrations.vllm.runner).
 
 - ROOT: the repository; child_env(): the child's environment (this checkout's sources first);
-- run_spec(spec, tmp, env): run one JSON spec in a child process, its HICACHE-RESULT document;
+- run_spec(spec, tmp, env, module): run one JSON spec in a child process (``module``: the
+  runner, tests.integrations.vllm.runner by default), its HICACHE-RESULT document;
 - counted(result, phase, before, after): what vLLM's connector counters grew by between two
   "metrics" steps.
 The tiny model fixture ``tiny_llama`` is in this folder's conftest.py.
@@ -26,11 +27,16 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_spec(spec: dict[str, Any], tmp: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_spec(
+    spec: dict[str, Any],
+    tmp: Path,
+    env: dict[str, str] | None = None,
+    module: str = "tests.integrations.vllm.runner",
+) -> dict[str, Any]:
     path = tmp / "spec.json"
     path.write_text(json.dumps(spec))
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.integrations.vllm.runner", str(path)],
+        [sys.executable, "-m", module, str(path)],
         cwd=ROOT,
         env={**child_env(), **(env or {})},
         capture_output=True,
