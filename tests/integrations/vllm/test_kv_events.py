@@ -22,6 +22,7 @@ from hicache.integrations.vllm.events import (  # noqa: E402
     MEDIUM_STORE,
     BlockInfo,
     TierEvents,
+    hash_converter,
 )
 from hicache.integrations.vllm.plan import Event, Op  # noqa: E402
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide  # noqa: E402
@@ -209,3 +210,17 @@ def test_pages_without_a_vllm_request_publish_nothing() -> None:
     side.on_events([Event(Op.SAVE, op.key, True) for op in plan.saves])
     assert events.take() == []
     assert events.held(MEDIUM_HOST) == set()
+
+
+@pytest.mark.parametrize("as_int", ["1", "0"])
+def test_hashes_are_converted_as_vllm_converts_them_for_its_own_events(
+    as_int: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", as_int)
+    convert = hash_converter()
+    for n in range(20):
+        digest = hashlib.sha256(bytes([n])).digest()
+        assert convert(digest) == maybe_convert_block_hash(BlockHash(digest))
+    assert isinstance(convert(digest), int if as_int == "1" else bytes)

@@ -25,7 +25,7 @@ block hash. ``extra_keys`` are left None (as vLLM's OffloadingConnector does).
 
 - TierEvents: the tracker (plain values; ``take`` builds vLLM's event objects).
 - BlockInfo / describer(requests, block_size, hash_block_size): a block's event payload read
-  from vLLM's ``Request``.
+  from vLLM's ``Request``; hash_converter(): vLLM's conversion of a block hash for events.
 
 Reference (vLLM 0.32): vllm/distributed/kv_events.py (``BlockStored``, ``BlockRemoved``,
 ``MEDIUM_CPU``, ``MEDIUM_STORAGE``), vllm/v1/core/sched/scheduler.py (``connector.take_events()``
@@ -211,12 +211,26 @@ class TierEvents:
         return out
 
 
+_LOW_64 = (1 << 64) - 1
+
+
+def hash_converter() -> Callable[[bytes], Hash]:
+    """What vLLM's ``maybe_convert_block_hash`` does to a block hash for its events (the bytes,
+    or with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, vLLM 0.32's default, the big-endian
+    integer's low 64 bits), with vLLM's environment flag read once here rather than per
+    block (reading it costs more than the rest of a block's event)."""
+    import vllm.envs as envs
+
+    if not envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES:
+        return bytes
+    return lambda digest: int.from_bytes(digest, "big") & _LOW_64
+
+
 def describer(requests: Mapping[str, Request], block_size: int, hash_block_size: int) -> Describe:
     """A Describe over vLLM's live requests: block ``b`` of a request (``block_size`` tokens)
     is hashed by vLLM at ``hash_block_size``; its hash is the chained hash of its last token,
     ``block_hashes[(b + 1) * ratio - 1]`` (vLLM's ``BlockHashListWithBlockSize``)."""
-    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
-
+    maybe_convert_block_hash = hash_converter()
     ratio = max(block_size // max(hash_block_size, 1), 1)
 
     def describe(req_id: str, block: int) -> BlockInfo | None:
@@ -248,4 +262,5 @@ __all__ = [
     "Describe",
     "TierEvents",
     "describer",
+    "hash_converter",
 ]
