@@ -99,3 +99,18 @@ def test_cpu_and_storage_events_match_the_tiers_with_the_gpu_tiers_hashes(
         assert again.get(MEDIUM_CPU) == hashes_a  # read back into host memory
     finally:
         h2.close()
+
+
+def test_without_vllms_kv_events_the_connector_makes_none(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "h", host_pages=8)
+    try:
+        connector = h.scheduler.connector
+        assert isinstance(connector, HiCacheConnector)
+        assert connector._scheduler is not None
+        assert connector._scheduler.events is None
+        h.add(prompts(1, 3 * BLOCK + 1)[0], max_tokens=1)
+        h.settle()
+        assert len(side_of(h).index) == 3  # saved, and nothing recorded for events
+        assert list(connector.take_events()) == []
+    finally:
+        h.close()
