@@ -1,7 +1,9 @@
 """MooncakeStore: the storage port on the real Mooncake Store client (MooncakeDistributedStore).
 
-- MooncakeStore: open(config) checks that the master accepts TCP connections, then sets the
-  client up within the setup deadline; register(regions) registers host memory once; exists /
+- MooncakeStore: open(config) checks that the master accepts TCP connections, sets the client
+  up within the setup deadline, then puts and removes a small probe object
+  (mooncake_probe.check_segment: MooncakeSegmentError when no mounted segment takes it, instead
+  of a store whose every put answers FULL); register(regions) registers host memory once; exists /
   get / put / remove are zero-copy batch calls straight into and out of pool pages (one object
   per page per pool, named ``str(StoreKey)``); health; close.
 - status_of_get / status_of_put / status_of_remove: Mooncake's return codes as StoreStatus.
@@ -27,6 +29,7 @@ import numpy as np
 
 from hicache.adapters.storage.mooncake_config import MooncakeConfig, load_mooncake_config
 from hicache.adapters.storage.mooncake_memory import provide_host_memory as provide_memory
+from hicache.adapters.storage.mooncake_probe import check_segment
 from hicache.domain import ConfigError, StoreError
 from hicache.domain.storage import (
     PageBuffer,
@@ -223,6 +226,8 @@ class MooncakeStore:
                 f"({config.protocol}, device {config.device_name or 'auto'}, metadata "
                 f"{config.metadata_server}) failed: {what}"
             )
+        probe_deadline = max(deadline, time.monotonic() + config.timeout_s)
+        _check_segment_or_close(client, config, probe_deadline)
         store = cls(client, config)
         if provide_host_memory:
             try:
@@ -472,6 +477,24 @@ def _get_checked(
             elif size >= 0 and size != sum(sizes[j]):
                 codes[j] = INVALID_PARAMS
     return codes
+
+
+def _check_segment_or_close(client: _Client, config: MooncakeConfig, deadline: float) -> None:
+    """check_segment on a worker until ``deadline``; the client is closed if it fails."""
+    call = _Call(lambda: check_segment(client, config, deadline), "probe")
+    if not call.done.wait(max(deadline - time.monotonic(), 0.0) + 1.0):
+        threading.Thread(target=_close_when_done, args=(call, client), daemon=True).start()
+        raise StoreError(
+            f"the Mooncake cluster of the master at {config.master_server_address} did not "
+            f"answer a probe put by the setup deadline (setup_timeout_s "
+            f"{config.setup_timeout_s:g} s, from {config.source})"
+        )
+    if call.error is not None:
+        with contextlib.suppress(Exception):
+            client.close()
+        if isinstance(call.error, StoreError):
+            raise call.error
+        raise StoreError(f"the Mooncake probe put failed: {call.error}") from call.error
 
 
 def _close_when_done(call: _Call, client: _Client) -> None:

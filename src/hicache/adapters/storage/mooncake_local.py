@@ -5,7 +5,10 @@
 - free_port: a TCP port of 127.0.0.1 that nothing listens on now.
 - wait_listening: wait until a TCP port accepts connections (or the process died, or time ran out).
 - LocalMooncake: a started cluster: its master address, the pids, the extra config that reaches
-  it, kill_node / kill_master to inject faults, close() that stops every process by pid.
+  it, start_master / start_node, kill_node / kill_master to inject faults, close() that stops
+  every process by pid. The master runs with a short object lease (DEFAULT_LEASE_TTL_MS) so
+  that what was just read can be removed at once; a process that lost its port to another
+  one between free_port() and its bind is started again on fresh ports.
 - local_mooncake: the context manager that starts one on free 127.0.0.1 ports and always stops
   it, leaving no process behind.
 - mooncake_store: a MooncakeStore on the cluster the settings name, or, when none names a
@@ -41,6 +44,12 @@ from hicache.domain.storage import Store
 DEFAULT_SEGMENT_BYTES = 256 << 20
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
+# How long the local master keeps an object that was read from being removed or evicted
+# (--default_kv_lease_ttl; Mooncake's default is 10 s). A lease only has to outlast a transfer,
+# which takes milliseconds on loopback; with 10 s, a bench that removes what it just read keeps
+# every round's objects until the segment is full (docs/storage-mooncake.md).
+DEFAULT_LEASE_TTL_MS = 500
+START_TRIES = 3  # a port taken between free_port() and the bind: try fresh ports
 
 
 def mooncake_binary(name: str) -> Path:
@@ -98,12 +107,30 @@ def _stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> No
         proc.wait()
 
 
+def _started(proc: subprocess.Popen[bytes], port: int, deadline: float) -> bool:
+    """Whether ``proc`` listens on ``port``: the port accepts connections and ``proc`` is still
+    alive a moment later (a process that lost the port to another one exits)."""
+    if not wait_listening(port, deadline, proc):
+        return False
+    time.sleep(0.05)
+    return proc.poll() is None
+
+
 class LocalMooncake:
     """A running local cluster; build it with local_mooncake()."""
 
-    def __init__(self, log_dir: Path, segment_bytes: int) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        segment_bytes: int,
+        *,
+        lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+        client_ttl_s: int | None = None,
+    ) -> None:
         self.log_dir = log_dir
         self.segment_bytes = segment_bytes
+        self.lease_ttl_ms = lease_ttl_ms
+        self.client_ttl_s = client_ttl_s  # the master's --client_ttl (None: Mooncake's 10 s)
         self.master_port = 0
         self.node_port = 0
         self._master: subprocess.Popen[bytes] | None = None
@@ -135,45 +162,66 @@ class LocalMooncake:
         """Start the master, then the storage node; StoreError (with the logs' tail) if either
         does not listen within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        self.master_port = free_port()
-        metrics_port = free_port()
-        self._master = self._spawn(
-            "master",
-            [
+        self.start_master(timeout_s)
+        self.start_node(deadline - time.monotonic())
+
+    def start_master(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the master alone (a cluster with no segment until start_node) on fresh ports.
+
+        A port another process took between free_port() and the master's bind makes the master
+        exit: it is started again on other ports, up to START_TRIES times.
+        """
+        deadline = time.monotonic() + timeout_s
+        for _ in range(START_TRIES):
+            self.master_port = free_port()
+            argv = [
                 str(mooncake_binary("mooncake_master")),
                 f"--rpc_port={self.master_port}",
                 "--rpc_address=127.0.0.1",
-                f"--metrics_port={metrics_port}",
+                f"--metrics_port={free_port()}",
                 "--metrics_host=127.0.0.1",
                 "--enable_metric_reporting=false",
                 "--rpc_thread_num=2",
-            ],
-        )
-        if not wait_listening(self.master_port, deadline, self._master):
-            raise StoreError(f"mooncake_master did not start: {self._tail('master')}")
-        self.start_node(deadline - time.monotonic())
+                f"--default_kv_lease_ttl={self.lease_ttl_ms}",
+            ]
+            if self.client_ttl_s is not None:
+                argv.append(f"--client_ttl={self.client_ttl_s}")
+            self._master = self._spawn("master", argv)
+            if _started(self._master, self.master_port, deadline):
+                return
+            _stop(self._master)
+            if time.monotonic() >= deadline:
+                break
+        raise StoreError(f"mooncake_master did not start: {self._tail('master')}")
 
     def start_node(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start (or restart after kill_node) the storage node on a fresh port."""
         _stop(self._node)
         deadline = time.monotonic() + max(timeout_s, 0.5)
-        self.node_port = free_port()
-        self._node = self._spawn(
-            "node",
-            [
-                str(mooncake_binary("mooncake_client")),
-                f"--master_server_address={self.master_address}",
-                "--metadata_server=P2PHANDSHAKE",
-                "--host=127.0.0.1",
-                f"--port={self.node_port}",
-                f"--global_segment_size={self.segment_bytes}",
-                "--protocol=tcp",
-            ],
-        )
-        if not wait_listening(self.node_port, deadline, self._node):
-            raise StoreError(
-                f"the mooncake_client storage node did not start: {self._tail('node')}"
+        for _ in range(START_TRIES):
+            self.node_port = free_port()
+            self._node = self._spawn(
+                "node",
+                [
+                    str(mooncake_binary("mooncake_client")),
+                    f"--master_server_address={self.master_address}",
+                    "--metadata_server=P2PHANDSHAKE",
+                    "--host=127.0.0.1",
+                    f"--port={self.node_port}",
+                    f"--global_segment_size={self.segment_bytes}",
+                    "--protocol=tcp",
+                ],
             )
+            # The node listens only once its segment is mounted (setup, then its RPC server).
+            if _started(self._node, self.node_port, deadline):
+                return
+            _stop(self._node)
+            if time.monotonic() >= deadline:
+                break
+        raise StoreError(
+            f"the mooncake_client storage node ({self.segment_bytes} B segment) did not start: "
+            f"{self._tail('node')}"
+        )
 
     def kill_node(self) -> None:
         """SIGKILL the storage node (a lost node); its pages are gone."""
@@ -220,10 +268,15 @@ def local_mooncake(
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     log_dir: str | Path | None = None,
     timeout_s: float = START_TIMEOUT_S,
+    node: bool = True,
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+    client_ttl_s: int | None = None,
 ) -> Iterator[LocalMooncake]:
     """A master and a storage node of ``segment_bytes`` on free 127.0.0.1 ports; stopped on exit.
 
-    Logs go to ``log_dir`` (a temporary folder, removed afterwards, when None).
+    Logs go to ``log_dir`` (a temporary folder, removed afterwards, when None). ``node=False``
+    starts the master alone (no segment until start_node()). ``lease_ttl_ms`` and
+    ``client_ttl_s`` are the master's --default_kv_lease_ttl and --client_ttl.
     """
     if (
         isinstance(segment_bytes, bool)
@@ -237,9 +290,14 @@ def local_mooncake(
         else:
             folder = Path(log_dir)
             folder.mkdir(parents=True, exist_ok=True)
-        cluster = LocalMooncake(folder, segment_bytes)
+        cluster = LocalMooncake(
+            folder, segment_bytes, lease_ttl_ms=lease_ttl_ms, client_ttl_s=client_ttl_s
+        )
         stack.callback(cluster.close)
-        cluster.start(timeout_s)
+        if node:
+            cluster.start(timeout_s)
+        else:
+            cluster.start_master(timeout_s)
         yield cluster
 
 
