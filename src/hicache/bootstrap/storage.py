@@ -53,8 +53,16 @@ def _open_directory(config: Mapping[str, Any]) -> Store:
 
 
 def _open_mooncake(config: Mapping[str, Any]) -> Store:
+    from hicache.adapters.storage.mooncake_config import names_master
     from hicache.adapters.storage.mooncake_local import open_mooncake_or_local
+    from hicache.bootstrap.machine import check_fits
 
+    if not names_master(config):
+        # The node's segment is allocated lazily: refuse now what the machine could not back.
+        check_fits(
+            LOCAL_MOONCAKE_SEGMENT_BYTES,
+            "the local Mooncake storage node's segment (started because no master is named)",
+        )
     return open_mooncake_or_local(config, segment_bytes=LOCAL_MOONCAKE_SEGMENT_BYTES)
 
 
