@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from tests.storage.mooncake_support import require_mooncake
 
 require_mooncake()
 
+from hicache.adapters.storage import mooncake_local  # noqa: E402
 from hicache.adapters.storage.mooncake import MooncakeStore  # noqa: E402
 from hicache.adapters.storage.mooncake_config import load_mooncake_config  # noqa: E402
 from hicache.adapters.storage.mooncake_local import (  # noqa: E402
@@ -78,6 +80,23 @@ def test_a_store_whose_storage_node_was_lost_fails_at_open_and_opens_once_it_is_
             _open(cluster.extra_config(setup_timeout_s=6))
         cluster.start_node()
         _open(cluster.extra_config()).close()
+
+
+@pytest.mark.timeout(60)
+def test_a_master_port_taken_before_the_master_binds_it_is_replaced_by_a_fresh_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        busy = squatter.getsockname()[1]
+        handed = iter([busy])
+        free = mooncake_local.free_port
+        # The first port handed out is one another process listens on by the time it is used.
+        monkeypatch.setattr(mooncake_local, "free_port", lambda: next(handed, None) or free())
+        with local_mooncake(segment_bytes=16 << 20) as cluster:
+            assert cluster.master_port != busy
+            _open(cluster.extra_config()).close()
 
 
 @pytest.mark.timeout(120)

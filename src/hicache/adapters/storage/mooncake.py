@@ -29,7 +29,7 @@ import numpy as np
 
 from hicache.adapters.storage.mooncake_config import MooncakeConfig, load_mooncake_config
 from hicache.adapters.storage.mooncake_memory import provide_host_memory as provide_memory
-from hicache.adapters.storage.mooncake_probe import check_segment
+from hicache.adapters.storage.mooncake_probe import probe_or_close
 from hicache.domain import ConfigError, StoreError
 from hicache.domain.storage import (
     PageBuffer,
@@ -226,8 +226,7 @@ class MooncakeStore:
                 f"({config.protocol}, device {config.device_name or 'auto'}, metadata "
                 f"{config.metadata_server}) failed: {what}"
             )
-        probe_deadline = max(deadline, time.monotonic() + config.timeout_s)
-        _check_segment_or_close(client, config, probe_deadline)
+        probe_or_close(client, config, max(deadline, time.monotonic() + config.timeout_s))
         store = cls(client, config)
         if provide_host_memory:
             try:
@@ -477,24 +476,6 @@ def _get_checked(
             elif size >= 0 and size != sum(sizes[j]):
                 codes[j] = INVALID_PARAMS
     return codes
-
-
-def _check_segment_or_close(client: _Client, config: MooncakeConfig, deadline: float) -> None:
-    """check_segment on a worker until ``deadline``; the client is closed if it fails."""
-    call = _Call(lambda: check_segment(client, config, deadline), "probe")
-    if not call.done.wait(max(deadline - time.monotonic(), 0.0) + 1.0):
-        threading.Thread(target=_close_when_done, args=(call, client), daemon=True).start()
-        raise StoreError(
-            f"the Mooncake cluster of the master at {config.master_server_address} did not "
-            f"answer a probe put by the setup deadline (setup_timeout_s "
-            f"{config.setup_timeout_s:g} s, from {config.source})"
-        )
-    if call.error is not None:
-        with contextlib.suppress(Exception):
-            client.close()
-        if isinstance(call.error, StoreError):
-            raise call.error
-        raise StoreError(f"the Mooncake probe put failed: {call.error}") from call.error
 
 
 def _close_when_done(call: _Call, client: _Client) -> None:

@@ -4,6 +4,7 @@
   mooncake_client), or a StoreError saying how to install it.
 - free_port: a TCP port of 127.0.0.1 that nothing listens on now.
 - wait_listening: wait until a TCP port accepts connections (or the process died, or time ran out).
+- owns_listener: whether a process itself holds the socket listening on a port (from /proc).
 - LocalMooncake: a started cluster: its master address, the pids, the extra config that reaches
   it, start_master / start_node, kill_node / kill_master to inject faults, close() that stops
   every process by pid. The master runs with a short object lease (DEFAULT_LEASE_TTL_MS) so
@@ -107,13 +108,56 @@ def _stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> No
         proc.wait()
 
 
+def listening_inodes(port: int) -> set[str] | None:
+    """The socket inodes listening on TCP ``port`` (any address), or None without /proc."""
+    found: set[str] = set()
+    seen = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        seen = True
+        for row in rows:
+            cols = row.split()
+            # local_address is HEXIP:HEXPORT; state 0A is LISTEN; column 9 is the inode.
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rpartition(":")[2], 16) == port:
+                found.add(cols[9])
+    return found if seen else None
+
+
+def owns_listener(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a socket listening on ``port`` (None: cannot tell)."""
+    inodes = listening_inodes(port)
+    if inodes is None:
+        return None
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return True
+    return False
+
+
 def _started(proc: subprocess.Popen[bytes], port: int, deadline: float) -> bool:
-    """Whether ``proc`` listens on ``port``: the port accepts connections and ``proc`` is still
-    alive a moment later (a process that lost the port to another one exits)."""
-    if not wait_listening(port, deadline, proc):
-        return False
-    time.sleep(0.05)
-    return proc.poll() is None
+    """Whether ``proc`` itself listens on ``port`` before ``deadline``: not merely whether the
+    port accepts connections, which another process that took the port between free_port()
+    and ``proc``'s bind would also do (``proc`` then exits, later)."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        owns = owns_listener(proc.pid, port)
+        if owns is None:  # no /proc: the port answering is all there is to go by
+            return wait_listening(port, deadline, proc)
+        if owns:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 class LocalMooncake:

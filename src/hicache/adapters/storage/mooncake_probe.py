@@ -5,6 +5,8 @@
   unreachable), the sizes involved and what to check.
 - check_segment(client, config, deadline): put a probe object of PROBE_BYTES under a key of its
   own, from registered memory (the same zero-copy call a page put makes), then remove it.
+- probe_or_close(client, config, deadline): check_segment on a daemon thread, waited for until
+  the deadline; the client is closed when the probe fails (or, if it overran, once it ends).
 
 Why: a Mooncake client sets up fine against a master that has no segment mounted (no storage
 node, or a node the master dropped after its ``--client_ttl`` without a heartbeat), or whose
@@ -17,6 +19,7 @@ error at open (docs/storage-mooncake.md, "A store without its segment").
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from typing import Any
@@ -108,3 +111,39 @@ def _unreachable(config: MooncakeConfig, code: int, tries: int) -> str:
         "--client_ttl), or this client's local_hostname "
         f"{config.local_hostname!r} is not an address the node can reach"
     )
+
+
+def probe_or_close(client: Any, config: MooncakeConfig, deadline: float) -> None:
+    """check_segment, waiting no later than ``deadline``; the client is closed if it fails."""
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            check_segment(client, config, deadline)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="hicache-mooncake-probe", daemon=True).start()
+    if not done.wait(max(deadline - time.monotonic(), 0.0) + 1.0):
+        # A put blocked natively (a master that stopped answering): close when it returns.
+        threading.Thread(target=_close_after, args=(done, client), daemon=True).start()
+        raise MooncakeSegmentError(
+            f"the Mooncake cluster of the master at {config.master_server_address} did not "
+            f"answer a {PROBE_BYTES} B probe put by the setup deadline (setup_timeout_s "
+            f"{config.setup_timeout_s:g} s, from {config.source})"
+        )
+    if errors:
+        with contextlib.suppress(Exception):
+            client.close()
+        if isinstance(errors[0], StoreError):
+            raise errors[0]
+        raise MooncakeSegmentError(f"the Mooncake probe put failed: {errors[0]}") from errors[0]
+
+
+def _close_after(done: threading.Event, client: Any) -> None:
+    done.wait()
+    with contextlib.suppress(Exception):
+        client.close()
