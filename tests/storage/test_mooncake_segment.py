@@ -6,9 +6,14 @@ the Mooncake wheel cannot be imported, unless HICACHE_REQUIRE_MOONCAKE=1.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -170,3 +175,45 @@ def test_the_bench_local_cluster_opens_stores_and_closes_20_times_in_a_row() -> 
         if _children() - before:
             failures.append(f"run {run}: processes left behind: {_children() - before}")
     assert failures == []
+
+
+CHILD = """
+import json, sys, time
+from hicache.adapters.storage.mooncake_local import local_mooncake
+with local_mooncake(segment_bytes=16 << 20) as c:
+    print(json.dumps(c.pids), flush=True)
+    time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for a reaper does not)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.timeout(90)
+def test_the_local_cluster_does_not_outlive_a_process_killed_with_sigkill() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+    )
+    try:
+        assert child.stdout is not None
+        pids = json.loads(child.stdout.readline())
+        assert len(pids) == 2
+        assert all(_alive(p) for p in pids)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    deadline = time.monotonic() + 30  # SIGKILL is immediate; this bounds a wedged kernel
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if _alive(p)]
+    for p in left:  # do not leak them into the rest of the run, then fail
+        os.kill(p, signal.SIGKILL)
+    assert left == []

@@ -57,9 +57,7 @@ def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: object) -> N
 
 def _bool(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, bool):
-        raise ConfigError(
-            f"directory store {attr.name} must be true or false, got {shown(value)}"
-        )
+        raise ConfigError(f"directory store {attr.name} must be true or false, got {shown(value)}")
 
 
 def _threads(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:

@@ -9,7 +9,8 @@
   it, start_master / start_node, kill_node / kill_master to inject faults, close() that stops
   every process by pid. The master runs with a short object lease (DEFAULT_LEASE_TTL_MS) so
   that what was just read can be removed at once; a process that lost its port to another
-  one between free_port() and its bind is started again on fresh ports.
+  one between free_port() and its bind is started again on fresh ports. Started from the main
+  thread on Linux, the processes get SIGKILL when the process that started them dies.
 - local_mooncake: the context manager that starts one on free 127.0.0.1 ports and always stops
   it, leaving no process behind.
 - mooncake_store: a MooncakeStore on the cluster the settings name, or, when none names a
@@ -26,14 +27,17 @@ zero-size segment live in the node, and killing the node loses them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from hicache.adapters.storage.delegating import DelegatingStore
@@ -158,6 +162,35 @@ def _started(proc: subprocess.Popen[bytes], port: int, deadline: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGKILL when this process dies, or None.
+
+    Linux only, and only from the main thread: the signal follows the thread that forked, and
+    the main thread ends only with the process. Without it, a bench killed with SIGKILL (or a
+    test runner's hard timeout) left its master and storage node running, their segment's
+    memory held, until someone killed them by hand.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not (
+        threading.main_thread()
+    ):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(1)
+
+    return preexec
 
 
 class LocalMooncake:
@@ -292,6 +325,7 @@ class LocalMooncake:
                 stderr=subprocess.STDOUT,
                 cwd=self.log_dir,  # glog writes nowhere else
                 start_new_session=True,  # a terminal's ^C does not reach it; we stop it by pid
+                preexec_fn=_die_with_parent(),  # but it does not outlive this process
             )
         except OSError as e:
             raise StoreError(f"cannot start {argv[0]}: {e.strerror}") from e
