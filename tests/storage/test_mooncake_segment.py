@@ -125,7 +125,7 @@ def test_the_bench_refuses_a_round_larger_than_the_local_segment(tmp_path: Path)
     plan = bench_plan(layers=2, tokens=160 * 16, page_size=16, layout="page_first_direct")
     store = open_mooncake_or_local({}, {}, segment_bytes=16 << 20)
     try:
-        with pytest.raises(StoreError, match=r"segment holds 16777216 B.*lower --pages"):
+        with pytest.raises(StoreError, match=r"segment of 16777216 B takes.*lower --pages"):
             run_storage_bench(store, StorageBench(plan=plan, repeats=1, raw_dir=tmp_path))
     finally:
         store.close()

@@ -16,16 +16,15 @@ registered pages and ``batch_get_into_multi_buffers`` into the destination pool'
 checked and removed): ``raw_put_gbps`` / ``raw_get_gbps``, the client's own speed, against which
 the store's put and get are compared.
 
-What a round put is removed before the next round puts (not timed), waiting while the store
-answers TRANSIENT: Mooncake refuses to remove an object read within its lease
-(``--default_kv_lease_ttl``, 10 s by default) and cannot evict it either, so a bench that went
-on would keep every round's pages and fill the segment (every put FULL). At most REMOVE_WAIT_S
-per removal. A store started with a local cluster (``cluster.segment_bytes``) is refused
-before anything is moved when one round's pages, the store's and the client's, would not fit.
+What a round put is removed before the next puts (not timed): Mooncake keeps an object read
+within its lease (10 s by default) from removal and eviction, so removal is retried before each
+put, and with a local cluster the bench waits until what it still holds leaves room in the
+segment (hicache.bench.storage_cleanup); a round that cannot fit it is refused up front.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import statistics
@@ -39,17 +38,12 @@ import torch
 
 from hicache.adapters.host_pool import HostPool, materialise_host_group
 from hicache.adapters.storage.page_buffers import page_buffer
+from hicache.bench.storage_cleanup import Leftovers, check_room, segment_budget
 from hicache.domain import HostGroupPlan, StoreError
 from hicache.domain.storage import PageBuffer, Store, StoreKey, StoreStatus
 
 CHUNK = 64 << 20
 EXISTS_PROBES = 20000  # keys probed per exists measurement (the batch is repeated)
-REMOVE_WAIT_S = 15.0  # longer than Mooncake's default object lease (10 s)
-REMOVE_PAUSE_S = 0.05
-SEGMENT_HEADROOM = 0.8  # Mooncake's master evicts from 90% full; keep clear of it
-# Mooncake's answers to a remove: done, not there, held by a lease (retried).
-_REMOVED = (0, -704)
-_LEASED = -706
 
 
 @attrs.frozen(kw_only=True)
@@ -115,67 +109,12 @@ def _check(op: str, statuses: list[StoreStatus]) -> None:
         raise StoreError(f"bench {op}: {len(bad)} of {len(statuses)} pages answered {bad[0].value}")
 
 
-def _remove_all(store: Store, keys: list[StoreKey]) -> None:
-    """Remove ``keys``, retrying those answered TRANSIENT (a lease) for up to REMOVE_WAIT_S."""
-    deadline = time.monotonic() + REMOVE_WAIT_S
-    left = keys
-    while left:
-        statuses = store.remove(left)
-        bad = [s for s in statuses if s not in (StoreStatus.OK, StoreStatus.TRANSIENT)]
-        if bad:
-            raise StoreError(
-                f"bench remove: {len(bad)} of {len(left)} pages answered {bad[0].value}"
-            )
-        left = [k for k, s in zip(left, statuses, strict=True) if s is StoreStatus.TRANSIENT]
-        if left and time.monotonic() >= deadline:
-            raise StoreError(
-                f"bench remove: {len(left)} of {len(keys)} pages still answered transient after "
-                f"{REMOVE_WAIT_S:g} s (a lease on objects just read?); left behind they would "
-                "fill the store"
-            )
-        if left:
-            time.sleep(REMOVE_PAUSE_S)
-
-
-def _client_remove_all(client: Any, names: list[str]) -> None:
-    """The Mooncake client's batch_remove of ``names``, retrying leased objects (see above)."""
-    deadline = time.monotonic() + REMOVE_WAIT_S
-    left = names
-    while left:
-        codes = list(client.batch_remove(left))
-        bad = sorted({c for c in codes if c not in _REMOVED and c != _LEASED})
-        if bad:
-            raise StoreError(f"bench: the Mooncake client's own remove answered {bad}")
-        left = [n for n, c in zip(left, codes, strict=True) if c == _LEASED]
-        if left and time.monotonic() >= deadline:
-            raise StoreError(
-                f"bench: {len(left)} of {len(names)} objects were still leased after "
-                f"{REMOVE_WAIT_S:g} s; left behind they would fill the segment"
-            )
-        if left:
-            time.sleep(REMOVE_PAUSE_S)
-
-
-def _check_room(store: Store, total: int, with_client: bool) -> None:
-    """StoreError when the local cluster started for ``store`` cannot hold one round."""
-    cluster = getattr(store, "cluster", None)
-    segment = getattr(cluster, "segment_bytes", None)
-    if not isinstance(segment, int):
-        return
-    need = total * (2 if with_client else 1)
-    if need > segment * SEGMENT_HEADROOM:
-        raise StoreError(
-            f"bench storage: one round keeps {need} B in the store ({total} B of pages"
-            f"{', twice: the store and its client' if with_client else ''}) but the local "
-            f"cluster's segment holds {segment} B (at most {SEGMENT_HEADROOM:.0%} of it is "
-            "used before eviction): lower --pages, --page-size or --layers, or name a cluster"
-        )
-
-
 def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
     """Measure ``store`` on every page of the plan's anchor pool; see the module docstring."""
+    client = _raw_client(store)
     anchor = bench.plan.anchor
-    _check_room(store, anchor.bytes_per_page * anchor.pages, _raw_client(store) is not None)
+    check_room(store, anchor.bytes_per_page * anchor.pages * (2 if client is not None else 1))
+    budget = segment_budget(store)
     with materialise_host_group(bench.plan) as src, materialise_host_group(bench.plan) as dst:
         a, b = src.anchor, dst.anchor
         _fill(a)
@@ -203,7 +142,7 @@ def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
         rounds: dict[str, list[float]] = {
             k: [] for k in ("raw_w", "raw_r", "put", "get", "ex", "client_put", "client_get")
         }
-        client = _raw_client(store)
+        leftovers = Leftovers(store, client, page_bytes, budget)
 
         def raw_round(times: dict[str, float]) -> None:
             raw_path.unlink(missing_ok=True)
@@ -213,10 +152,11 @@ def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
 
         def store_round(times: dict[str, float]) -> None:
             nonlocal keys
-            _remove_all(store, keys)
             keys = key_rounds[r]
+            leftovers.make_room(total)
             got: list[list[StoreStatus]] = []
             times["put"] = _timed(lambda: got.append(store.put(keys, put_bufs)))
+            leftovers.keys.extend(keys)
             times["ex"] = _timed(lambda: [store.exists(keys) for _ in range(loops)])
             times["get"] = _timed(lambda: got.append(store.get(keys, get_bufs)))
             _check("put", got[0])
@@ -225,6 +165,8 @@ def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
         def client_round(times: dict[str, float]) -> None:
             if client is not None:
                 names = [f"raw-{k}" for k in key_rounds[r]]
+                leftovers.make_room(total)
+                leftovers.names.extend(names)
                 times["client_put"], times["client_get"] = _client_round(
                     client, names, put_bufs, get_bufs
                 )
@@ -245,9 +187,12 @@ def run_storage_bench(store: Store, bench: StorageBench) -> dict[str, Any]:
             )
             if not same:  # compared as bytes: random bf16 bytes hold NaNs
                 raise StoreError("bench get: the pages read back differ from the pages put")
+            if budget is None:  # a cluster that outlives the bench: wait out the last leases
+                leftovers.drain()
         finally:
             raw_path.unlink(missing_ok=True)
-            store.remove(keys)
+            with contextlib.suppress(StoreError):
+                leftovers.retry()
 
     def gbps(key: str) -> float:
         return round(total / statistics.median(rounds[key]) / 1e9, 3)
@@ -297,15 +242,8 @@ def _client_round(
     dst_ptrs, _ = _addresses(get_bufs)
     put: list[int] = []
     got: list[int] = []
-    try:
-        t_put = _timed(
-            lambda: put.extend(client.batch_put_from_multi_buffers(names, src_ptrs, sizes))
-        )
-        t_get = _timed(
-            lambda: got.extend(client.batch_get_into_multi_buffers(names, dst_ptrs, sizes))
-        )
-    finally:
-        _client_remove_all(client, names)
+    t_put = _timed(lambda: put.extend(client.batch_put_from_multi_buffers(names, src_ptrs, sizes)))
+    t_get = _timed(lambda: got.extend(client.batch_get_into_multi_buffers(names, dst_ptrs, sizes)))
     if any(code != 0 for code in put):
         raise StoreError(f"bench: the Mooncake client's own put answered {sorted(set(put))}")
     want = [sum(s) for s in sizes]

@@ -7,9 +7,9 @@
 - owns_listener: whether a process itself holds the socket listening on a port (from /proc).
 - LocalMooncake: a started cluster: its master address, the pids, the extra config that reaches
   it, start_master / start_node, kill_node / kill_master to inject faults, close() that stops
-  every process by pid. The master runs with a short object lease (DEFAULT_LEASE_TTL_MS) so
-  that what was just read can be removed at once; a process that lost its port to another
-  one between free_port() and its bind is started again on fresh ports. Started from the main
+  every process by pid. A process counts as started once it holds its listening socket itself;
+  one that lost its port to another process between free_port() and its bind is started again
+  on fresh ports. Started from the main
   thread on Linux, the processes get SIGKILL when the process that started them dies.
 - local_mooncake: the context manager that starts one on free 127.0.0.1 ports and always stops
   it, leaving no process behind.
@@ -49,11 +49,6 @@ from hicache.domain.storage import Store
 DEFAULT_SEGMENT_BYTES = 256 << 20
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
-# How long the local master keeps an object that was read from being removed or evicted
-# (--default_kv_lease_ttl; Mooncake's default is 10 s). A lease only has to outlast a transfer,
-# which takes milliseconds on loopback; with 10 s, a bench that removes what it just read keeps
-# every round's objects until the segment is full (docs/storage-mooncake.md).
-DEFAULT_LEASE_TTL_MS = 500
 START_TRIES = 3  # a port taken between free_port() and the bind: try fresh ports
 
 
@@ -201,11 +196,14 @@ class LocalMooncake:
         log_dir: Path,
         segment_bytes: int,
         *,
-        lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+        lease_ttl_ms: int | None = None,
         client_ttl_s: int | None = None,
     ) -> None:
         self.log_dir = log_dir
         self.segment_bytes = segment_bytes
+        # The master's --default_kv_lease_ttl (None: Mooncake's 10 s). Not shortened by
+        # default: a get whose transfer outlasts the lease answers LEASE_EXPIRED (-707), which
+        # a 500 ms lease did for 256 MiB batches on a loaded machine.
         self.lease_ttl_ms = lease_ttl_ms
         self.client_ttl_s = client_ttl_s  # the master's --client_ttl (None: Mooncake's 10 s)
         self.master_port = 0
@@ -259,8 +257,9 @@ class LocalMooncake:
                 "--metrics_host=127.0.0.1",
                 "--enable_metric_reporting=false",
                 "--rpc_thread_num=2",
-                f"--default_kv_lease_ttl={self.lease_ttl_ms}",
             ]
+            if self.lease_ttl_ms is not None:
+                argv.append(f"--default_kv_lease_ttl={self.lease_ttl_ms}")
             if self.client_ttl_s is not None:
                 argv.append(f"--client_ttl={self.client_ttl_s}")
             self._master = self._spawn("master", argv)
@@ -347,7 +346,7 @@ def local_mooncake(
     log_dir: str | Path | None = None,
     timeout_s: float = START_TIMEOUT_S,
     node: bool = True,
-    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS,
+    lease_ttl_ms: int | None = None,
     client_ttl_s: int | None = None,
 ) -> Iterator[LocalMooncake]:
     """A master and a storage node of ``segment_bytes`` on free 127.0.0.1 ports; stopped on exit.
