@@ -32,8 +32,9 @@ from hicache.adapters.storage.mooncake_local import (  # noqa: E402
 from hicache.adapters.storage.mooncake_probe import MooncakeSegmentError  # noqa: E402
 from hicache.bench.overlap import bench_plan  # noqa: E402
 from hicache.bench.storage import StorageBench, run_storage_bench  # noqa: E402
+from hicache.bootstrap import machine  # noqa: E402
 from hicache.bootstrap.storage import open_named_store  # noqa: E402
-from hicache.domain import StoreError  # noqa: E402
+from hicache.domain import SizingError, StoreError  # noqa: E402
 from hicache.domain.storage import StoreKey, StoreStatus  # noqa: E402
 
 pytestmark = [pytest.mark.mooncake]
@@ -85,6 +86,16 @@ def test_a_store_whose_storage_node_was_lost_fails_at_open_and_opens_once_it_is_
             _open(cluster.extra_config(setup_timeout_s=6))
         cluster.start_node()
         _open(cluster.extra_config()).close()
+
+
+def test_a_local_segment_the_machine_cannot_back_is_refused_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 1 << 30)
+    before = _children()
+    with pytest.raises(SizingError, match=r"no master is named\) needs 2147483648 B"):
+        open_named_store("mooncake", {})
+    assert _children() == before
 
 
 @pytest.mark.timeout(60)
