@@ -1,5 +1,6 @@
 """Which of vLLM's KV cache group layouts HiCacheConnector saves (built from vLLM's own spec
-classes, no engine): dense, one attention group beside state groups, and what it refuses."""
+classes, no engine): dense, one attention group beside state and sliding-window groups, and
+what it refuses."""
 
 from __future__ import annotations
 
@@ -64,12 +65,57 @@ def test_state_groups_beside_attention_are_saved_without_their_padding() -> None
     assert layout.state == (("g0", 0, used), ("g1", 1, used))
 
 
-def test_sliding_window_groups_are_refused_naming_the_way_out() -> None:
-    window = SlidingWindowSpec(
-        block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16, sliding_window=128
+def window(size: int = 128, block: int = BLOCK) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=block, num_kv_heads=2, head_size=64, dtype=torch.bfloat16, sliding_window=size
     )
+
+
+def test_sliding_window_groups_beside_full_attention_are_window_pages() -> None:
+    layout = layout_of(
+        config(
+            KVCacheGroupSpec(["w0", "w2"], window()),
+            KVCacheGroupSpec(["a1", "a3"], attn()),
+            KVCacheGroupSpec(["w4", "w6"], window()),
+        )
+    )
+    assert layout.attn_group == 1
+    assert [name for name, _ in layout.kv] == ["a1", "a3"]
+    assert layout.window_groups == (0, 2)
+    block = window().page_size_bytes
+    assert layout.window == (("w0", 0, block), ("w2", 0, block), ("w4", 1, block), ("w6", 1, block))
+    assert layout.window_bytes == 4 * block
+    assert layout.window_tokens == 127  # the next token reads the 127 before it
+
+
+def test_sliding_window_beside_state_groups_is_one_hybrid_layout() -> None:
+    layout = layout_of(
+        config(
+            KVCacheGroupSpec(["g0"], mamba()),
+            KVCacheGroupSpec(["a"], attn()),
+            KVCacheGroupSpec(["w"], window()),
+        )
+    )
+    assert (layout.attn_group, layout.state_groups, layout.window_groups) == (1, (0,), (2,))
+
+
+@pytest.mark.parametrize(
+    ("second", "match"),
+    [(window(size=256), "different windows"), (window(block=BLOCK // 2), "one block size")],
+    ids=["windows", "blocks"],
+)
+def test_sliding_window_groups_that_disagree_are_refused(
+    second: SlidingWindowSpec, match: str
+) -> None:
+    groups = [KVCacheGroupSpec(["a"], attn()), KVCacheGroupSpec(["w0"], window())]
+    groups.append(KVCacheGroupSpec(["w1"], second))
+    with pytest.raises(ConfigError, match=match):
+        layout_of(config(*groups))
+
+
+def test_two_full_attention_groups_are_refused_naming_the_way_out() -> None:
     with pytest.raises(ConfigError, match="disable_hybrid_kv_cache_manager"):
-        layout_of(config(KVCacheGroupSpec(["a"], attn()), KVCacheGroupSpec(["w"], window)))
+        layout_of(config(KVCacheGroupSpec(["a"], attn()), KVCacheGroupSpec(["b"], attn())))
 
 
 def test_hybrid_without_prefix_caching_of_states_is_refused() -> None:

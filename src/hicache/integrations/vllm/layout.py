@@ -1,14 +1,17 @@
 """Which of vLLM's KV cache groups the connector saves, and the host tier's shape from them.
 
 - Layout / layout_of(kv_cache_config, mamba_cache_mode): the attention group, its layers and
-  bytes per block, and (hybrid models) the state groups and each state layer's used bytes;
+  bytes per block, (hybrid models) the state groups and each state layer's used bytes, and
+  (vLLM's hybrid KV cache manager on a sliding-window model) the sliding-window groups, each
+  sliding layer's bytes per block and the tokens a sliding layer needs before a boundary;
   ConfigError for group layouts the connector cannot save.
 - Shape.of(vllm_config, kv_cache_config, settings): the Layout plus what follows from it and
   the settings: block size, host slots for KV pages and for states, the rank count and the
   namespace of store keys (model, dtype, block size, layout, tensor parallel size).
 
-Reference: vllm/v1/kv_cache_interface.py (AttentionSpec, FullAttentionSpec, MambaSpec),
-vllm/v1/core/single_type_kv_cache_manager.py (MambaManager, align mode).
+Reference: vllm/v1/kv_cache_interface.py (AttentionSpec, FullAttentionSpec, MambaSpec,
+SlidingWindowSpec), vllm/v1/core/single_type_kv_cache_manager.py (MambaManager, align mode;
+SlidingWindowManager.get_num_skipped_tokens).
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ import math
 from typing import TYPE_CHECKING
 
 import attrs
-from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, MambaSpec
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 
 from hicache.domain import ConfigError
 from hicache.integrations.vllm.settings import ConnectorSettings
@@ -38,6 +46,12 @@ class Layout:
     kv: tuple[tuple[str, int], ...]  # (attention layer, bytes per block)
     state_groups: tuple[int, ...] = ()  # hybrid: the state groups, in order
     state: tuple[tuple[str, int, int], ...] = ()  # (state layer, group position, used bytes)
+    window_groups: tuple[int, ...] = ()  # sliding-window groups, in order
+    window: tuple[tuple[str, int, int], ...] = ()  # (sliding layer, group position, bytes)
+    # tokens before a boundary a sliding layer reads for the next token: window - 1 (+ vLLM's
+    # extra retained tokens); vLLM keeps (and a hit needs) their blocks (hicache.integrations.
+    # vllm.windows.window_pages)
+    window_tokens: int = 0
 
     @property
     def page_bytes(self) -> int:
@@ -46,6 +60,11 @@ class Layout:
     @property
     def state_bytes(self) -> int:
         return sum(n for _, _, n in self.state)
+
+    @property
+    def window_bytes(self) -> int:
+        """A window page: one block of every sliding layer (0 without sliding groups)."""
+        return sum(n for _, _, n in self.window)
 
 
 def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -> Layout:
@@ -56,16 +75,18 @@ def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -
         spec = groups[0].kv_cache_spec
         return Layout(0, tuple((name, spec.page_size_bytes) for name in groups[0].layer_names))
     attn = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, FullAttentionSpec)]
+    sliding = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, SlidingWindowSpec)]
     mamba = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
-    if len(attn) != 1 or len(attn) + len(mamba) != len(groups):
+    if len(attn) != 1 or len(attn) + len(sliding) + len(mamba) != len(groups):
         raise ConfigError(
             f"HiCacheConnector: the model has KV cache groups {kinds}; supported are one "
-            "attention group (dense models) or one full-attention group beside Mamba / linear "
-            "attention state groups (hybrid models such as Qwen3-Next); for sliding-window "
-            "models start vLLM with disable_hybrid_kv_cache_manager=True "
-            "(--disable-hybrid-kv-cache-manager): one attention group"
+            "attention group (dense models) or one full-attention group beside sliding-window "
+            "groups and Mamba / linear attention state groups (hybrid models such as Gemma-3 "
+            "or Qwen3-Next); for other layouts start vLLM with "
+            "disable_hybrid_kv_cache_manager=True (--disable-hybrid-kv-cache-manager): one "
+            "attention group"
         )
-    if mamba_cache_mode != "align":
+    if mamba and mamba_cache_mode != "align":
         raise ConfigError(
             f"HiCacheConnector: a hybrid model with mamba_cache_mode {mamba_cache_mode!r}; "
             "expected 'align' (vLLM's prefix caching of states: enable_prefix_caching=True)"
@@ -79,11 +100,34 @@ def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -
             for shape, dtype in zip(mspec.shapes, mspec.dtypes, strict=True)
         )
         state.extend((name, pos, used) for name in groups[g].layer_names)
+    window: list[tuple[str, int, int]] = []
+    reach: set[tuple[int, int]] = set()
+    for pos, g in enumerate(sliding):
+        wspec = groups[g].kv_cache_spec
+        if wspec.block_size != spec.block_size:
+            raise ConfigError(
+                f"HiCacheConnector: sliding-window group {g} has blocks of {wspec.block_size} "
+                f"tokens, the full-attention group {spec.block_size}; expected one block size"
+            )
+        reach.add((int(wspec.sliding_window), int(getattr(wspec, "extra_retained_tokens", 0))))
+        window.extend((name, pos, wspec.page_size_bytes) for name in groups[g].layer_names)
+    if len(reach) > 1:
+        raise ConfigError(
+            f"HiCacheConnector: sliding-window groups with different windows "
+            f"(window, extra retained tokens) {sorted(reach)}; expected one window for all"
+        )
+    window_tokens = 0
+    if reach:
+        ((size, extra),) = reach
+        window_tokens = max(1, size - 1 + extra)
     return Layout(
         attn[0],
         tuple((name, spec.page_size_bytes) for name in groups[attn[0]].layer_names),
         tuple(mamba),
         tuple(state),
+        tuple(sliding),
+        tuple(window),
+        window_tokens,
     )
 
 
@@ -96,6 +140,7 @@ class Shape:
     host_slots: int  # KV pages (one block of every attention layer)
     state_slots: int  # hybrid: states (one state of every state layer); 0 for dense models
     state_host_bytes: int
+    window_slots: int = 0  # sliding-window models: window pages (as many as KV pages)
     ranks: int  # tensor parallel ranks: one store object per rank and page (pp is refused)
     namespace: str
 
@@ -121,12 +166,13 @@ class Shape:
         layout = layout_of(kv_cache_config, mode)
         host = settings.host_bytes
         state_host = int(host * STATE_SHARE) if layout.state else 0
-        host_slots = (host - state_host) // layout.page_bytes
+        # a KV page and its window page (sliding-window models) share the rest
+        host_slots = (host - state_host) // (layout.page_bytes + layout.window_bytes)
         state_slots = state_host // layout.state_bytes if layout.state else 0
         if host_slots < 1 or (layout.state and state_slots < 1):
             raise ConfigError(
                 f"kv_connector_extra_config 'host_gib' = {settings.host_gib}: less than one "
-                f"page ({layout.page_bytes} bytes: one block of every layer)"
+                f"page ({layout.page_bytes + layout.window_bytes} bytes: one block of every layer)"
                 + (
                     f" or one state ({layout.state_bytes} bytes, in the "
                     f"{STATE_SHARE:.0%} of host_gib kept for states)"
@@ -143,6 +189,7 @@ class Shape:
             host_slots=host_slots,
             state_slots=state_slots,
             state_host_bytes=state_host,
+            window_slots=host_slots if layout.window else 0,
             ranks=tp,
             namespace="vllm-" + hashlib.sha256(ident.encode()).hexdigest()[:32],
         )

@@ -7,6 +7,9 @@
   boundary a step ended on, to copy into a state slot (and then to the store).
 - state_key(key) / is_state(key): a state page's key is its boundary's chain key (the key of the
   block ending there) behind the STATE prefix, so state and KV pages never share a key.
+- window_key(key) / is_window(key): a window page (one block of every sliding-window layer, for
+  vLLM's hybrid KV cache manager) is keyed by its block's chain key behind the WINDOW prefix.
+  Like a state it is one block per vLLM group (StateSave / StateLoad carry either kind).
 - StepPlan: a step's loads (synchronous ones feed this step's forward; asynchronous ones run
   between steps), saves and the requests whose asynchronous load the scheduler waits for.
 - Event / WorkerEvents: per-page outcomes a worker reports (save, store, read, load; ok or not).
@@ -31,6 +34,7 @@ from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.engine.storage_settings import StorageTierSettings
 
 STATE = b"state:"
+WINDOW = b"swa:"
 
 
 def state_key(key: bytes) -> bytes:
@@ -42,12 +46,25 @@ def is_state(key: bytes) -> bool:
     return key.startswith(STATE)
 
 
+def window_key(key: bytes) -> bytes:
+    """The key of the window page (sliding-window layers) of block ``key``."""
+    return WINDOW + key
+
+
+def is_window(key: bytes) -> bool:
+    return key.startswith(WINDOW)
+
+
 def store_key(namespace: str, rank: int, page: bytes) -> StoreKey:
     """Rank ``rank``'s store key of a page: pool ``kv-r<rank>`` or, for a state page,
-    ``state-r<rank>``, under its chain key's hex."""
+    ``state-r<rank>``, or for a window page ``swa-r<rank>``, under its chain key's hex."""
     if is_state(page):
         return StoreKey(
             namespace=namespace, pool=f"state-r{rank}", page_hash=page_hex(page[len(STATE) :])
+        )
+    if is_window(page):
+        return StoreKey(
+            namespace=namespace, pool=f"swa-r{rank}", page_hash=page_hex(page[len(WINDOW) :])
         )
     return StoreKey(namespace=namespace, pool=f"kv-r{rank}", page_hash=page_hex(page))
 
@@ -83,22 +100,27 @@ class LoadOp:
     missing: tuple[int, ...] = ()  # blocks promised to vLLM that could not be planned
     state: StateLoad | None = None  # hybrid: the state at the hit's end
     all_or_nothing: bool = False  # hybrid: any failure fails the request (vLLM recomputes it)
+    windows: tuple[StateLoad, ...] = ()  # sliding-window models: the window pages of the hit
 
 
 @attrs.frozen
 class StateLoad:
-    key: bytes  # state_key(...) of the boundary
-    slot: int  # state host slot
-    blocks: tuple[int, ...]  # one block id per state group (its block at the boundary)
+    """A state (state_key) or a window page (window_key) to load: one block per vLLM group."""
+
+    key: bytes  # state_key(...) of the boundary, or window_key(...) of a block
+    slot: int  # state or window host slot
+    blocks: tuple[int, ...]  # one block id per state (or sliding-window) group
     from_storage: bool
 
 
 @attrs.frozen
 class StateSave:
+    """A state (state_key) or a window page (window_key) to save: one block per vLLM group."""
+
     req_id: str
-    key: bytes  # state_key(...) of the boundary
+    key: bytes  # state_key(...) of the boundary, or window_key(...) of a block
     slot: int
-    blocks: tuple[int, ...]  # one block id per state group
+    blocks: tuple[int, ...]  # one block id per state (or sliding-window) group
     store: bool
 
 
@@ -116,7 +138,7 @@ class StepPlan:
     loads: list[LoadOp] = attrs.field(factory=list)
     async_loads: list[LoadOp] = attrs.field(factory=list)
     saves: list[SaveOp] = attrs.field(factory=list)
-    state_saves: list[StateSave] = attrs.field(factory=list)
+    state_saves: list[StateSave] = attrs.field(factory=list)  # states and window pages
 
 
 @attrs.frozen

@@ -24,6 +24,12 @@ from the hit's last block into the running one before the forward, which a load 
 step itself would be too late for, and vLLM recovers a failed hybrid load by recomputing the
 whole request (``failed_recving``), not by block.
 
+Sliding-window models under vLLM's hybrid KV cache manager (``window_groups`` > 0) keep a
+third index of window pages (one block of every sliding layer per block, saved while vLLM still
+holds it); a hit also needs the window pages of the blocks before its boundary that vLLM keeps
+for the sliding groups (hicache.integrations.vllm.hybrid_hits: the rule, one for states and
+windows), and is loaded like a state hit: asynchronously, all or nothing.
+
 Where things live: this object (in vLLM's scheduler process) owns the page index, the
 namespace of store keys and the host slot numbers; the worker owns the host memory and the
 copies (docs/vllm.md, "Processes").
@@ -44,6 +50,16 @@ from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.engine.logs import get_logger
 from hicache.integrations.vllm.block_keys import BlockExtras, UnkeyableError, chain_block_keys
+from hicache.integrations.vllm.hybrid_hits import (
+    HybridHit,
+    Taken,
+    give_back,
+    match_hybrid,
+    take,
+    take_windows,
+    window_pages,
+    window_saves,
+)
 from hicache.integrations.vllm.plan import (
     Agreement,
     Event,
@@ -54,6 +70,7 @@ from hicache.integrations.vllm.plan import (
     StateSave,
     StepPlan,
     is_state,
+    is_window,
     state_key,
     store_tier,
 )
@@ -80,6 +97,7 @@ class _Hit:
     host: int  # blocks [start, host) come from host pages
     end: int  # blocks [host, end) come from the store
     state_from_store: bool | None = None  # hybrid: where the state at ``end`` is
+    hybrid: HybridHit | None = None  # hybrid: the state's and window pages' places
 
 
 @attrs.frozen
@@ -107,6 +125,9 @@ class SchedulerSide:
         state_groups: int = 0,
         state_slots: int = 0,
         events: TierEvents | None = None,
+        window_groups: int = 0,
+        window_tokens: int = 0,
+        window_slots: int = 0,
     ) -> None:
         self.block_size = block_size
         # events: what the tiers hold, as vLLM KV events (hicache.integrations.vllm.events)
@@ -114,6 +135,9 @@ class SchedulerSide:
         self.index = HostPages(host_slots, on_change=events.host_change if events else None)
         self.state_groups = state_groups
         self.states = HostPages(state_slots, pool=PoolName.MAMBA) if state_groups else None
+        self.window_groups = window_groups
+        self.windows = HostPages(window_slots, pool=PoolName.SWA) if window_groups else None
+        self.window_size = window_pages(window_tokens, block_size) if window_groups else 0
         # exists of every rank's key of a page, each call bounded (a hung store is a miss)
         self.store: BoundedTier | None = (
             store_tier(store, store_keys) if store is not None else None
@@ -190,7 +214,7 @@ class SchedulerSide:
         keys = self._keys(req_id, prompt, limit, len(prompt))
         if not keys:  # unkeyable
             return 0, False
-        if self.states is not None:
+        if self.hybrid:
             return self._match_hybrid(req_id, keys, start, limit)
         i = start  # blocks before start are vLLM's own hit: hicache need not hold them
         bad = self._bad
@@ -225,42 +249,35 @@ class SchedulerSide:
             self.stats.error("exists", answer.outcome.value)
         return answer.value
 
+    @property
+    def hybrid(self) -> bool:
+        """State or sliding-window groups: hits need more than the KV pages (all or nothing)."""
+        return self.states is not None or self.windows is not None
+
     def _match_hybrid(
         self, req_id: str, keys: Sequence[bytes], start: int, limit: int
     ) -> tuple[int, bool]:
-        states, bad = self.states, self._bad
-        assert states is not None
-        i = start
-        while i < limit and keys[i] not in bad and self.index.lookup(keys[i]) is not None:
-            i += 1
-        host = i
-        run = 0
-        while i + run < limit and keys[i + run] not in bad and not self.index.known(keys[i + run]):
-            run += 1
-        if run:
-            there = self._in_store(keys[i : i + run])
-            run = there.index(False) if False in there else run
-        kv_end = i + run
-        # boundaries start+1 .. kv_end, deepest first: the state at j ends block j - 1
-        on_host: dict[int, bool] = {}
-        ask: list[int] = []
-        for j in range(kv_end, start, -1):
-            skey = state_key(keys[j - 1])
-            if skey in bad:
-                continue
-            if states.lookup(skey) is not None:
-                on_host[j] = True
-            elif not states.known(skey):
-                ask.append(j)
-        there = self._in_store([state_key(keys[j - 1]) for j in ask])
-        on_host.update({j: False for j, ok in zip(ask, there, strict=True) if ok})
-        if not on_host:
-            return 0, False
-        end = max(on_host)
-        self._hits[req_id] = _Hit(
-            start=start, host=min(max(host, start), end), end=end, state_from_store=not on_host[end]
+        hit = match_hybrid(
+            keys,
+            start,
+            limit,
+            index=self.index,
+            states=self.states,
+            windows=self.windows,
+            window_size=self.window_size,
+            bad=self._bad,
+            in_store=self._in_store,
         )
-        return (end - start) * self.block_size, True
+        if hit is None:
+            return 0, False
+        self._hits[req_id] = _Hit(
+            start=start,
+            host=hit.host,
+            end=hit.end,
+            state_from_store=hit.state_from_store,
+            hybrid=hit,
+        )
+        return (hit.end - start) * self.block_size, True
 
     def after_alloc(
         self,
@@ -268,17 +285,21 @@ class SchedulerSide:
         block_ids: Sequence[int],
         num_external: int,
         state_blocks: Sequence[Sequence[int]] = (),
+        window_blocks: Sequence[Sequence[int]] = (),
     ) -> None:
         """vLLM allocated the request's blocks (``num_external``: the tokens it accepted from
         match; ``block_ids``: the attention group's, ``state_blocks``: each state group's, for
-        a hybrid model); counts the request's lookup once, with what hicache really restores."""
+        a hybrid model, ``window_blocks``: each sliding-window group's); counts the request's
+        lookup once, with what hicache really restores."""
         hit = self._hits.get(req_id)
         if hit is not None and num_external > 0:
             n = num_external // self.block_size
             on_host = max(0, min(hit.start + n, hit.host) - hit.start) * self.block_size
             self._sources[req_id] = (min(on_host, num_external), num_external - on_host)
-        if self.states is not None:
-            host, storage = self._alloc_hybrid(req_id, block_ids, num_external, state_blocks)
+        if self.hybrid:
+            host, storage = self._alloc_hybrid(
+                req_id, block_ids, num_external, state_blocks, window_blocks
+            )
         else:
             host, storage = self._alloc(req_id, block_ids, num_external)
         looked = self._looked.pop(req_id, None)
@@ -337,67 +358,64 @@ class SchedulerSide:
         block_ids: Sequence[int],
         num_external: int,
         state_blocks: Sequence[Sequence[int]],
+        window_blocks: Sequence[Sequence[int]],
     ) -> tuple[int, int]:
         hit = self._hits.pop(req_id, None)
-        if num_external <= 0 or hit is None:
+        if num_external <= 0 or hit is None or hit.hybrid is None:
             return 0, 0
-        states = self.states
-        assert states is not None
         end = hit.start + num_external // self.block_size
         keys = self._reqs[req_id].keys
-        taken: list[tuple[bytes, int, bool]] = []  # (key, slot, from store), kv then state
-        ok = end == hit.end and len(state_blocks) == self.state_groups
+        taken: Taken = []
+        ok = (
+            end == hit.end
+            and len(state_blocks) == self.state_groups
+            and len(window_blocks) == self.window_groups
+        )
+        slots: list[int] = []
         for b in range(hit.start, end if ok else hit.start):
-            try:
-                if b < hit.host:
-                    slot: int | None = self.index.pin(keys[b])
-                else:
-                    known = self.index.known(keys[b])
-                    slot = None if known else self.index.reserve(keys[b], pins=1)
-            except CacheStateError:
-                slot = None
+            slot = take(self.index, keys[b], b >= hit.host, taken)
             if slot is None:
                 ok = False
                 break
-            taken.append((keys[b], slot, b >= hit.host))
+            slots.append(slot)
             if b >= hit.host and self.events is not None:
                 self.events.planned(req_id, b, keys[b])
+        windows: list[StateLoad] | None = []
+        if ok and self.windows is not None:
+            windows = take_windows(
+                self.windows, keys, hit.hybrid, hit.start, end, window_blocks, taken
+            )
+            ok = windows is not None
         state: StateLoad | None = None
-        skey = state_key(keys[end - 1])
-        if ok:
-            try:
-                if hit.state_from_store:
-                    sslot = None if states.known(skey) else states.reserve(skey, pins=1)
-                else:
-                    sslot = states.pin(skey)
-            except CacheStateError:
-                sslot = None
+        if ok and self.states is not None:
+            skey = state_key(keys[end - 1])
+            sslot = take(self.states, skey, bool(hit.state_from_store), taken)
             blocks = tuple(ids[end - 1] for ids in state_blocks)
             if sslot is not None:
                 state = StateLoad(skey, sslot, blocks, bool(hit.state_from_store))
-        if state is None:  # nothing is loaded: give back what was taken; vLLM recomputes
-            for key, _, from_store in taken:
-                (self.index.drop if from_store else self.index.unpin)(key)
-                if from_store:
-                    self.index.unpin(key)
-            taken = []
+            ok = state is not None
+        pages = [t for t in taken if t[0] is self.index]
+        if not ok:  # nothing is loaded: give back what was taken; vLLM recomputes
+            give_back(taken)
+            pages, windows, state = [], [], None
         op = LoadOp(
             req_id=req_id,
-            keys=tuple(t[0] for t in taken),
-            slots=tuple(t[1] for t in taken),
-            blocks=tuple(block_ids[hit.start : hit.start + len(taken)]),
-            from_storage=tuple(t[2] for t in taken),
-            missing=() if state is not None else tuple(block_ids[hit.start : end]),
+            keys=tuple(t[1] for t in pages),
+            slots=tuple(slots[: len(pages)]),
+            blocks=tuple(block_ids[hit.start : hit.start + len(pages)]),
+            from_storage=tuple(t[2] for t in pages),
+            missing=() if ok else tuple(block_ids[hit.start : end]),
             state=state,
             all_or_nothing=True,
+            windows=tuple(windows or ()),
         )
         self._async.append(op)
-        if state is None:
+        if not ok:
             return 0, 0
-        host_blocks = sum(1 for t in taken if not t[2])
+        host_blocks = sum(1 for t in pages if not t[2])
         self._hit_tokens[0] += host_blocks * self.block_size
-        self._hit_tokens[1] += (len(taken) - host_blocks) * self.block_size
-        return host_blocks, len(taken) - host_blocks
+        self._hit_tokens[1] += (len(pages) - host_blocks) * self.block_size
+        return host_blocks, len(pages) - host_blocks
 
     def hit_sources(self, req_id: str, num_external: int) -> tuple[int, int]:
         """How many of the ``num_external`` tokens vLLM accepted for ``req_id`` were planned
@@ -414,9 +432,11 @@ class SchedulerSide:
         steps: Sequence[Scheduled],
         block_ids_of: Callable[[str], Sequence[int]],
         state_ids_of: Callable[[str], Sequence[Sequence[int]]] | None = None,
+        window_ids_of: Callable[[str], Sequence[Sequence[int]]] | None = None,
     ) -> StepPlan:
         """The step's plan; ``block_ids_of``: a request's attention blocks, ``state_ids_of``:
-        its state groups' blocks (hybrid models)."""
+        its state groups' blocks (hybrid models), ``window_ids_of``: its sliding-window groups'
+        blocks (sliding-window models)."""
         host, storage = self._hit_tokens
         plan = StepPlan(loads=self._loads, async_loads=self._async)
         self._loads, self._async, self._hit_tokens = [], [], [0, 0]
@@ -451,6 +471,8 @@ class SchedulerSide:
                 plan.saves.append(SaveOp(s.req_id, key, slot, blocks[b], self.write_storage))
                 if self.events is not None:
                     self.events.planned(s.req_id, b, key)
+            if self.windows is not None and window_ids_of is not None:
+                self._save_windows(plan, s.req_id, keys, st.saved_upto, full, window_ids_of, pins)
             st.saved_upto = full
         return plan
 
@@ -488,9 +510,32 @@ class SchedulerSide:
             return
         plan.state_saves.append(StateSave(s.req_id, skey, slot, blocks, self.write_storage))
 
+    def _save_windows(
+        self,
+        plan: StepPlan,
+        req_id: str,
+        keys: Sequence[bytes],
+        first: int,
+        stop: int,
+        window_ids_of: Callable[[str], Sequence[Sequence[int]]],
+        pins: int,
+    ) -> None:
+        """The window pages of the blocks that became full, while vLLM holds their blocks."""
+        windows = self.windows
+        assert windows is not None
+        for key, blocks in window_saves(windows, keys, first, stop, window_ids_of(req_id)):
+            slot = windows.reserve(key, pins=pins)
+            if slot is None:
+                self.stats.add("save_errors", 1)
+                self.stats.error("save", "host_full")
+                continue
+            plan.state_saves.append(StateSave(req_id, key, slot, blocks, self.write_storage))
+
     def _index(self, key: bytes) -> HostPages:
         if is_state(key) and self.states is not None:
             return self.states
+        if is_window(key) and self.windows is not None:
+            return self.windows
         return self.index
 
     def on_events(self, events: Sequence[Event]) -> None:

@@ -75,6 +75,9 @@ class SchedulerConnector:
             state_groups=len(shape.layout.state_groups),
             state_slots=shape.state_slots,
             events=self.events,
+            window_groups=len(shape.layout.window_groups),
+            window_tokens=shape.layout.window_tokens,
+            window_slots=shape.window_slots,
         )
         self.storage_backend = settings.storage_backend
 
@@ -102,6 +105,7 @@ class SchedulerConnector:
             groups[layout.attn_group],
             num_external_tokens,
             [groups[g] for g in layout.state_groups],
+            [groups[g] for g in layout.window_groups],
         )
 
     def build_connector_meta(
@@ -126,11 +130,13 @@ class SchedulerConnector:
                         req_id, req.all_token_ids, cached.num_computed_tokens[i], counts[req_id]
                     )
                 )
-        attn, state = self.shape.layout.attn_group, self.shape.layout.state_groups
+        layout = self.shape.layout
+        attn, state, window = layout.attn_group, layout.state_groups, layout.window_groups
         plan = self.side.build(
             steps,
             lambda rid: manager.get_block_ids(rid)[attn],
             (lambda rid: [manager.get_block_ids(rid)[g] for g in state]) if state else None,
+            (lambda rid: [manager.get_block_ids(rid)[g] for g in window]) if window else None,
         )
         return HiCacheMetadata(plan)
 
@@ -168,4 +174,6 @@ class SchedulerConnector:
         self.side.index.clear_unpinned()
         if self.side.states is not None:
             self.side.states.clear_unpinned()
+        if self.side.windows is not None:
+            self.side.windows.clear_unpinned()
         return True

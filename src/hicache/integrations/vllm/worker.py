@@ -2,8 +2,9 @@
 
 - block_rows, state_rows, choose_copier: re-exported from hicache.integrations.vllm.block_rows
   (vLLM's caches as whole-block byte rows; the copier of the ``copy_backend`` setting).
-- The host tier (pages of one block of every attention layer, and a hybrid model's states) is
-  hicache.integrations.vllm.worker_host.HostTier, on hicache's host-memory adapters.
+- The host tier (pages of one block of every attention layer, a hybrid model's states and a
+  sliding-window model's window pages) is hicache.integrations.vllm.worker_host.HostTier, on
+  hicache's host-memory adapters.
 - WorkerTransfers: runs a StepPlan on hicache's copy streams (hicache.adapters.streams: CUDA
   streams, or the CPU worker threads). Synchronous loads are issued layer by layer on the load
   stream, each with an event (``wait_layer`` makes vLLM's compute wait on it); saves are issued
@@ -47,8 +48,10 @@ from hicache.integrations.vllm.plan import (
     LoadOp,
     Op,
     SaveOp,
+    StateLoad,
     StateSave,
     StepPlan,
+    is_window,
     store_tier,
 )
 from hicache.integrations.vllm.stats import ConnectorStats
@@ -94,6 +97,8 @@ class WorkerTransfers:
         rank: int = 0,
         state_layers: Sequence[tuple[str, int, torch.Tensor]] = (),
         state_host_bytes: int = 0,
+        window_layers: Sequence[tuple[str, int, torch.Tensor]] = (),
+        window_host_bytes: int = 0,
         copier: RowCopier | None = None,
         host_memory: HostMemory | None = None,
         streams: tuple[Streams, Order] | None = None,
@@ -101,15 +106,19 @@ class WorkerTransfers:
         self.rank = rank
         self.names = [n for n, _ in layers]
         self.rows = dict(layers)
-        first = [t for _, t in layers] + [t for _, _, t in state_layers]
+        first = [t for _, t in layers] + [t for _, _, t in (*state_layers, *window_layers)]
         self.device = first[0].device if first else torch.device("cpu")
         # hybrid: (name, state group position, rows) of every state layer
         self.state_layers = list(state_layers)
+        # sliding-window models: (name, sliding group position, rows) of every sliding layer
+        self.window_layers = list(window_layers)
         self.tier = HostTier(
             [(n, int(r.shape[1])) for n, r in layers],
             [(n, int(r.shape[1])) for n, _, r in self.state_layers],
             host_bytes=host_bytes,
             state_host_bytes=state_host_bytes,
+            window_layers=[(n, int(r.shape[1])) for n, _, r in self.window_layers],
+            window_host_bytes=window_host_bytes,
             host_memory=host_memory if host_memory is not None else host_memory_for(self.device),
             device=self.device,
         )
@@ -304,11 +313,11 @@ class WorkerTransfers:
         elif plan.saves:
             self.stats.add("save_errors", len(plan.saves))
         for ss in plan.state_saves:
-            events.append(Event(Op.SAVE, ss.key, state_exc is None, self.state_bytes))
+            events.append(Event(Op.SAVE, ss.key, state_exc is None, self.tier.nbytes(ss.key)))
             if ss.store and (state_exc is not None or self.store is None):
                 events.append(Event(Op.STORE, ss.key, False))
         if plan.state_saves and state_exc is None:
-            self.stats.add("save_bytes", self.state_bytes * len(plan.state_saves))
+            self.stats.add("save_bytes", sum(self.tier.nbytes(ss.key) for ss in plan.state_saves))
             stored_states: list[SaveOp | StateSave] = [op for op in plan.state_saves if op.store]
             if stored_states and self.store is not None:
                 self._pending_io.append(self._io.submit(self._store_pages, stored_states))
@@ -354,11 +363,21 @@ class WorkerTransfers:
             [op.block for op in saves],
         )
 
+    def _group_layers(self, window: bool) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+        """(host columns, group position, device rows) of every state or sliding layer."""
+        if window:
+            return [(self.tier.window(n), g, rows) for n, g, rows in self.window_layers]
+        return [(self.tier.state(n), g, rows) for n, g, rows in self.state_layers]
+
     def _save_states(self, saves: Sequence[StateSave]) -> None:
-        slots = [op.slot for op in saves]
-        for name, group, rows in self.state_layers:
-            blocks = [op.blocks[group] for op in saves]
-            self.copier.copy(self.tier.state(name), slots, rows, blocks)
+        """States and window pages: one block of each group per save."""
+        for window in (False, True):
+            mine = [op for op in saves if is_window(op.key) == window]
+            if not mine:
+                continue
+            slots = [op.slot for op in mine]
+            for host, group, rows in self._group_layers(window):
+                self.copier.copy(host, slots, rows, [op.blocks[group] for op in mine])
 
     def _to_device_now(self, work: Callable[[], None]) -> None:
         """Host-to-device copies off vLLM's step (store thread): on the load stream, after
@@ -377,10 +396,17 @@ class WorkerTransfers:
                         ev.wait_current()
         self.streams.submit(Direction.LOAD, work).synchronize()
 
-    def _load_state(self, slot: int, blocks: Sequence[int]) -> None:
+    def _load_groups(self, loads: Sequence[StateLoad]) -> None:
+        """States and window pages into their groups' blocks."""
+
         def work() -> None:
-            for name, group, rows in self.state_layers:
-                self.copier.copy(rows, [blocks[group]], self.tier.state(name), [slot])
+            for window in (False, True):
+                mine = [op for op in loads if is_window(op.key) == window]
+                if not mine:
+                    continue
+                slots = [op.slot for op in mine]
+                for host, group, rows in self._group_layers(window):
+                    self.copier.copy(rows, [op.blocks[group] for op in mine], host, slots)
 
         self._to_device_now(work)
 
@@ -449,10 +475,11 @@ class WorkerTransfers:
         keys = list(op.keys)
         slots = list(op.slots)
         from_storage = list(op.from_storage)
-        if op.state is not None:  # read with the pages; copied last
-            keys.append(op.state.key)
-            slots.append(op.state.slot)
-            from_storage.append(op.state.from_storage)
+        groups = [*op.windows, *([op.state] if op.state is not None else [])]
+        for g in groups:  # window pages and the state: read with the pages; copied last
+            keys.append(g.key)
+            slots.append(g.slot)
+            from_storage.append(g.from_storage)
         reads = [i for i, s in enumerate(from_storage) if s]
         status: dict[int, bool] = {}
         settled: Future[Any] | None = None  # done once the store no longer writes the slots
@@ -480,20 +507,23 @@ class WorkerTransfers:
         read_ok = sum(self.tier.nbytes(keys[i]) for i, ok in status.items() if ok)
         self.stats.add("read_bytes", read_ok)
         self.stats.add("read_errors", sum(1 for ok in status.values() if not ok))
-        state_ok = op.state is not None and status.get(len(op.keys), True)
-        whole = good == len(op.keys) and state_ok and not op.missing
+        groups_ok = all(status.get(i, True) for i in range(len(op.keys), len(keys)))
+        # a hybrid plan without a state or a window page is a failed one (``missing``)
+        whole = good == len(op.keys) and bool(groups) and groups_ok and not op.missing
         if op.all_or_nothing and not whole:
-            good = 0  # a hybrid hit without all of its pages and its state is no hit
+            good = 0  # a hybrid hit without all of its pages, windows and state is no hit
         copied = True
         try:
             if good:
                 self._copy_pages(op.slots[:good], op.blocks[:good])
-            if op.all_or_nothing and whole and op.state is not None:
-                self._load_state(op.state.slot, op.state.blocks)
+            if op.all_or_nothing and whole:
+                self._load_groups(groups)
         except Exception as exc:
             good, copied, whole = 0, False, False
             self.stats.error("load", type(exc).__name__)
-        state_bytes = self.state_bytes if op.all_or_nothing and whole else 0
+        state_bytes = (
+            sum(self.tier.nbytes(g.key) for g in groups) if op.all_or_nothing and whole else 0
+        )
         self.stats.add("load_bytes", good * self.page_bytes + state_bytes)
         self.stats.add("load_errors", len(op.keys) - good)
         seconds = time.perf_counter() - t0

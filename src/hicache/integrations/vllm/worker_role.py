@@ -98,7 +98,18 @@ class WorkerConnector:
                     f"block; vLLM's state spec says {nbytes}"
                 )
             states.append((name, pos, rows))
-        caches = [rows for _, rows in layers] + [rows for _, _, rows in states]
+        windows = []
+        for name, pos, nbytes in layout.window:
+            if name not in kv_caches:
+                raise ConfigError(f"HiCacheConnector: vLLM registered no cache for layer {name!r}")
+            rows = block_rows(name, kv_caches[name], num_blocks)
+            if rows.shape[1] != nbytes:
+                raise ConfigError(
+                    f"HiCacheConnector: sliding-window layer {name!r} has {rows.shape[1]} bytes "
+                    f"per block; vLLM's cache spec says {nbytes}"
+                )
+            windows.append((name, pos, rows))
+        caches = [rows for _, rows in layers] + [rows for _, _, rows in (*states, *windows)]
         self._transfers = WorkerTransfers(
             layers,
             host_bytes=self.shape.host_slots * self.shape.page_bytes,
@@ -108,6 +119,8 @@ class WorkerConnector:
             rank=rank,
             state_layers=states,
             state_host_bytes=self.shape.state_host_bytes,
+            window_layers=windows,
+            window_host_bytes=self.shape.window_slots * layout.window_bytes,
             copier=self._copier(caches),
         )
 
