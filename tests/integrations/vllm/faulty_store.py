@@ -8,6 +8,8 @@ Loaded by HiCacheConnector through hicache's "dynamic" storage backend
   checksum cannot see: the output must change, which proves the loaded KV is used); the text
   ``1`` zeroes every third byte of every page, ``kv`` or ``state`` zeroes the whole pages of
   that kind only (a hybrid model's KV blocks or its states);
+- ``lose``: lines ``pool-prefix:page-hash``: the store deletes each matching object the next
+  time the connector asks for it (exists or get), before answering (a lost object);
 - ``hang``: while this file exists, every exists / get / put (the text ``get``: every get only)
   waits, ignoring its deadline, at most ``HANG_MAX_S`` (a store that hangs: the connector must
   not).
@@ -44,8 +46,19 @@ class FaultyStore(DirectoryStore):
                 return
             time.sleep(0.05)
 
+    def _lose(self, keys: Sequence[StoreKey]) -> None:
+        try:
+            lines = (self.flags / "lose").read_text().split()
+        except FileNotFoundError:
+            return
+        lost = [tuple(line.split(":", 1)) for line in lines]
+        gone = [k for k in keys if any(k.pool.startswith(p) and k.page_hash == h for p, h in lost)]
+        if gone:
+            self.remove(gone)
+
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
         self._hang("exists")
+        self._lose(keys)
         return super().exists(keys, deadline=deadline)
 
     def put(
@@ -66,6 +79,7 @@ class FaultyStore(DirectoryStore):
         deadline: float | None = None,
     ) -> list[StoreStatus]:
         self._hang("get")
+        self._lose(keys)
         statuses = super().get(keys, buffers, deadline=deadline)
         fail = self.flags / "fail_after"
         if fail.exists():

@@ -306,3 +306,35 @@ def test_a_state_key_and_a_window_key_of_one_block_are_different_store_objects()
     (a,), (b,) = _store_keys(state_key(KEYS[0])), _store_keys(window_key(KEYS[0]))
     assert (a.pool, b.pool) == ("state-r0", "swa-r0")
     assert a.page_hash == b.page_hash
+
+
+# ---- one sliding-window group (a model whose every layer slides: a dense layout) ------------
+
+
+def dense_side() -> SchedulerSide:
+    return SchedulerSide(
+        block_size=BS,
+        host_slots=16,
+        store=None,
+        store_keys=_store_keys,
+        write_storage=False,
+        save_decode=True,
+        ranks=1,
+        stats=ConnectorStats(),
+    )
+
+
+def test_one_sliding_group_saves_no_block_vllm_freed_and_loads_none_into_its_null_block() -> None:
+    s = dense_side()
+    s.match("a", PROMPT, 0)
+    freed = [0, 0, 12, 13, 14, 15, 16, 17]  # vLLM's null block where it freed blocks 0 and 1
+    plan = s.build([Scheduled("a", PROMPT, 0, len(PROMPT))], lambda _r: freed)
+    assert [op.block for op in plan.saves] == freed[2:]
+    s.on_events([Event(Op.SAVE, op.key, True) for op in plan.saves])
+    s.index.drop(KEYS[0])  # never saved anyway
+    assert s.match("b", PROMPT, 0) == (0, False)  # the dense rule: every page from the first
+    s.match("c", PROMPT, 2 * BS)  # vLLM's own hit covers blocks 0 and 1
+    s.after_alloc("c", [0, 0, 0, 0, 0, 0, 56, 57], 6 * BS)  # its window: blocks 6 and 7
+    (op,) = s.build([], lambda _r: []).loads
+    assert op.blocks == (56, 57)
+    assert op.keys == tuple(KEYS[6:8])

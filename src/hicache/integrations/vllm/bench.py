@@ -105,6 +105,41 @@ def make_tiny_qwen3_next(
     return folder
 
 
+def make_tiny_gemma3(
+    folder: Path, *, layers: int = 4, sliding_window: int = 64, seed: int = 0
+) -> Path:
+    """A Gemma3ForCausalLM (text only) with random weights: sliding-window and full-attention
+    layers alternating (4 layers: vLLM's hybrid KV cache manager makes one sliding-window group
+    and one full-attention group), float32, untied embeddings and initializer_range 0.05 (tied
+    ones, or larger weights, make the tiny model repeat one token)."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    if (folder / "config.json").exists():
+        return folder
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=layers,
+        layer_types=[
+            "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+        ],
+        sliding_window=sliding_window,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=8192,
+        initializer_range=0.05,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    config.architectures = ["Gemma3ForCausalLM"]
+    Gemma3ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
 # 8 layers of hidden 512: recompute of 4,096 tokens takes over 1 s on a 2-core x86 VM with
 # AVX-512 BF16 (the 2-layer, hidden-256 models the tests use recompute it in about 0.2-0.4 s
 # there), and the KV (16 MiB for the Llama) is large enough for a load to cost something.

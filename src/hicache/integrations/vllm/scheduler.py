@@ -51,6 +51,7 @@ from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.engine.logs import get_logger
 from hicache.integrations.vllm.block_keys import BlockExtras, UnkeyableError, chain_block_keys
 from hicache.integrations.vllm.hybrid_hits import (
+    NULL_BLOCK,
     HybridHit,
     Taken,
     give_back,
@@ -323,6 +324,8 @@ class SchedulerSide:
         picked: list[tuple[bytes, int, int, bool]] = []
         missing: list[int] = []
         for b in range(hit.start, end):
+            if block_ids[b] == NULL_BLOCK:  # one sliding-window group: outside its window
+                continue
             key = keys[b]
             try:
                 if b < hit.host:
@@ -461,7 +464,7 @@ class SchedulerSide:
             blocks = block_ids_of(s.req_id)
             for b in range(st.saved_upto, min(full, len(blocks))):
                 key = keys[b]
-                if self.index.known(key):
+                if self.index.known(key) or blocks[b] == NULL_BLOCK:  # freed by vLLM
                     continue
                 slot = self.index.reserve(key, pins=pins)
                 if slot is None:  # every host page is pinned: this block is not saved
