@@ -42,8 +42,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model-kind",
         default="llama",
-        help="the tiny model made without --model: llama (dense) or qwen3-next (hybrid: Gated "
-        "DeltaNet state beside attention; no example_connector figure, vLLM refuses it there)",
+        help="the tiny model made without --model: llama (dense), qwen3-next (hybrid: Gated "
+        "DeltaNet state beside attention; no example_connector figure, vLLM refuses it there) "
+        "or gemma3 (sliding-window and full-attention layers alternating, window 512; "
+        "example_connector runs it with vLLM's hybrid KV cache manager off)",
     )
     p.add_argument("--prompt-tokens", type=int, default=4096, help="prompt length")
     p.add_argument("--tokens", type=int, default=24, help="greedy tokens compared")
@@ -63,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--prompt-tokens must be at least 64, got {prompt}")
     if not (isinstance(args.host_gib, float) and 0 < args.host_gib <= 1 << 20):
         raise ConfigError(f"--host-gib must be a number in (0, 1048576], got {args.host_gib!r}")
-    if args.model_kind not in ("llama", "qwen3-next"):
-        raise ConfigError(f"--model-kind {args.model_kind!r}: expected one of llama, qwen3-next")
+    if args.model_kind not in ("llama", "qwen3-next", "gemma3"):
+        raise ConfigError(
+            f"--model-kind {args.model_kind!r}: expected one of llama, qwen3-next, gemma3"
+        )
     model = Path(args.model_dir) if args.model_dir else None
     if model is not None and not (model / "config.json").is_file():
         raise ConfigError(f"--model {args.model_dir!r}: expected a folder holding config.json")

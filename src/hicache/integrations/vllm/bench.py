@@ -4,7 +4,9 @@ One process, vLLM in its single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0, 
 LLM instance per configuration on a tiny random-weight model made with transformers: a Llama
 (8 layers, hidden 512), or with ``kind="qwen3-next"`` a hybrid Qwen3-Next (6 Gated DeltaNet
 layers, 2 attention layers; vLLM's ExampleConnector cannot run hybrid models, so its figure is
-null there) (or ``--model``). Each configuration first runs the prompt once (recompute: it
+null there), or with ``kind="gemma3"`` a Gemma-3 (4 sliding-window layers of window 512 and 4
+full-attention layers, float32: vLLM's hybrid KV cache manager keeps two groups; the
+ExampleConnector runs it with that manager off) (or ``--model``). Each configuration first runs the prompt once (recompute: it
 also fills the cache under test), then times a one-token generate (the TTFT) of the same
 prompt:
 
@@ -106,7 +108,7 @@ def make_tiny_qwen3_next(
 
 
 def make_tiny_gemma3(
-    folder: Path, *, layers: int = 4, sliding_window: int = 64, seed: int = 0
+    folder: Path, *, layers: int = 4, hidden: int = 256, sliding_window: int = 64, seed: int = 0
 ) -> Path:
     """A Gemma3ForCausalLM (text only) with random weights: sliding-window and full-attention
     layers alternating (4 layers: vLLM's hybrid KV cache manager makes one sliding-window group
@@ -120,17 +122,17 @@ def make_tiny_gemma3(
     torch.manual_seed(seed)
     config = Gemma3TextConfig(
         vocab_size=1024,
-        hidden_size=256,
-        intermediate_size=512,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         layer_types=[
             "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
         ],
         sliding_window=sliding_window,
-        num_attention_heads=4,
+        num_attention_heads=hidden // 64,
         num_key_value_heads=2,
         head_dim=64,
-        max_position_embeddings=8192,
+        max_position_embeddings=16384,
         initializer_range=0.05,
         tie_word_embeddings=False,
         torch_dtype="float32",
@@ -146,11 +148,14 @@ def make_tiny_gemma3(
 KINDS: dict[str, Callable[[Path], Path]] = {
     "llama": functools.partial(make_tiny_llama, layers=8, hidden=512),
     "qwen3-next": functools.partial(make_tiny_qwen3_next, layers=8, hidden=512),
+    "gemma3": functools.partial(make_tiny_gemma3, layers=8, hidden=512, sliding_window=512),
 }
 DESCRIPTIONS = {
     "llama": "tiny-llama (8 layers, hidden 512, random weights)",
     "qwen3-next": "tiny-qwen3-next (6 Gated DeltaNet + 2 attention layers, hidden 512, random "
     "weights)",
+    "gemma3": "tiny-gemma3 (4 sliding-window (512) + 4 full-attention layers, hidden 512, "
+    "float32, random weights)",
 }
 
 
