@@ -17,7 +17,8 @@ prompt:
 - example_connector: vLLM's ExampleConnector (safetensors files), vLLM's prefix cache reset.
 
 Every cached configuration also generates ``--tokens`` greedy tokens from its cache;
-``tokens_identical`` is true only if all of them equal recompute's. The multi-turn workload
+``tokens_identical`` is true only if all of them equal recompute's (``tokens_identical_each``:
+each configuration's). The multi-turn workload
 (``hit_tokens.multi_turn_host``): turn 2 = turn 1's prompt + its 48-token reply + 64 new
 tokens; hicache's hit covers the reply's full block too (save_decode): 4,128 of 4,208 tokens. Ratios are computed from medians of ``--repeats`` timed runs.
 
@@ -159,7 +160,13 @@ DESCRIPTIONS = {
 }
 
 
-def _llm(model: Path, connector: str | None, extra: dict[str, Any]) -> Any:
+# LLM arguments per kind: vLLM's CPU platform runs a float32 checkpoint in bf16 ("auto")
+KIND_LLM: dict[str, dict[str, Any]] = {"gemma3": {"dtype": "float32"}}
+
+
+def _llm(
+    model: Path, connector: str | None, extra: dict[str, Any], llm: dict[str, Any] | None = None
+) -> Any:
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -187,6 +194,7 @@ def _llm(model: Path, connector: str | None, extra: dict[str, Any]) -> Any:
         max_num_batched_tokens=16384,
         kv_transfer_config=kv,
         seed=0,
+        **(llm or {}),
     )
 
 
@@ -273,7 +281,8 @@ def run_bench(
                 llm.reset_prefix_cache()
             outputs[name] = gen(llm, prompt, many)[1]
 
-        llm = _llm(folder, None, {})
+        args = KIND_LLM.get(kind, {}) if model is None else {}
+        llm = _llm(folder, None, {}, args)
         gen(llm, prompt, one)  # warm-up (first-call costs)
         runs = []
         for _ in range(repeats):
@@ -287,7 +296,7 @@ def run_bench(
         del llm
 
         extra = {"host_gib": host_gib, "storage_backend": "directory", "storage_path": str(store)}
-        llm = _llm(folder, "HiCacheConnector", extra)
+        llm = _llm(folder, "HiCacheConnector", extra, args)
         gen(llm, prompt, one)  # fills host and store
         timed(llm, "hicache_host", reset=True)
         decode_ms(llm, "hicache_save_decode")
@@ -299,7 +308,7 @@ def run_bench(
         hits["multi_turn_host"] = gen(llm, turn2, one)[2]
         del llm
 
-        llm = _llm(folder, "HiCacheConnector", extra)  # a restart over the same store
+        llm = _llm(folder, "HiCacheConnector", extra, args)  # a restart over the same store
         runs = []
         for _ in range(repeats):
             llm.reset_prefix_cache(reset_connector=True)  # empty host: the store must serve
@@ -312,7 +321,7 @@ def run_bench(
         del llm
 
         if kind != "qwen3-next":  # ExampleConnector has no SupportsHMA: vLLM refuses
-            llm = _llm(folder, "ExampleConnector", {"shared_storage_path": str(example)})
+            llm = _llm(folder, "ExampleConnector", {"shared_storage_path": str(example)}, args)
             gen(llm, prompt, one)
             timed(llm, "example_connector", reset=True)
             decode_ms(llm, "example_connector")
@@ -354,4 +363,5 @@ def run_bench(
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "hit_tokens": hits,
         "tokens_identical": all(v == base for v in outputs.values()),
+        "tokens_identical_each": {k: v == base for k, v in outputs.items() if k != "recompute"},
     }
