@@ -122,3 +122,20 @@ def test_hybrid_without_prefix_caching_of_states_is_refused() -> None:
     groups = (KVCacheGroupSpec(["g0"], mamba()), KVCacheGroupSpec(["a"], attn()))
     with pytest.raises(ConfigError, match="mamba_cache_mode 'none'"):
         layout_of(config(*groups), "none")
+
+
+def test_a_layout_without_sliding_windows_keeps_its_repr_and_so_its_store_namespace() -> None:
+    """Shape.namespace hashes the layout's repr: the sliding-window fields appear only when
+    set, so stores written before them stay reachable."""
+    block = attn().page_size_bytes
+    dense = layout_of(config(KVCacheGroupSpec(["l0"], attn())))
+    assert repr(dense) == f"Layout(attn_group=0, kv=(('l0', {block}),), state_groups=(), state=())"
+    sliding = layout_of(config(KVCacheGroupSpec(["a"], attn()), KVCacheGroupSpec(["w"], window())))
+    assert "window_tokens=127" in repr(sliding)
+
+
+def test_one_sliding_window_group_is_a_dense_layout_over_vllms_null_blocks() -> None:
+    layout = layout_of(config(KVCacheGroupSpec(["w0", "w1"], window())))
+    assert [name for name, _ in layout.kv] == ["w0", "w1"]
+    assert layout.attn_sliding
+    assert not layout_of(config(KVCacheGroupSpec(["l0"], attn()))).attn_sliding

@@ -321,6 +321,7 @@ def dense_side() -> SchedulerSide:
         save_decode=True,
         ranks=1,
         stats=ConnectorStats(),
+        null_blocks=True,
     )
 
 

@@ -38,9 +38,13 @@ if TYPE_CHECKING:
 STATE_SHARE = 0.25  # of host_gib, for a hybrid model's state pages
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Layout:
-    """Which of vLLM's KV cache groups hicache saves, and how many bytes each unit is."""
+    """Which of vLLM's KV cache groups hicache saves, and how many bytes each unit is.
+
+    Its repr is part of the store namespace (Shape.namespace): the sliding-window fields appear
+    in it only when set, so a layout without them keeps the namespace it had before them.
+    """
 
     attn_group: int
     kv: tuple[tuple[str, int], ...]  # (attention layer, bytes per block)
@@ -50,8 +54,28 @@ class Layout:
     window: tuple[tuple[str, int, int], ...] = ()  # (sliding layer, group position, bytes)
     # tokens before a boundary a sliding layer reads for the next token: window - 1 (+ vLLM's
     # extra retained tokens); vLLM keeps (and a hit needs) their blocks (hicache.integrations.
-    # vllm.windows.window_pages)
+    # vllm.hybrid_hits.window_pages)
     window_tokens: int = 0
+    # the one attention group is a sliding-window group (every layer slides): vLLM's null block
+    # (id 0) stands for its freed blocks, which are neither saved nor loaded into
+    attn_sliding: bool = False
+
+    def __repr__(self) -> str:
+        fields = [
+            f"attn_group={self.attn_group!r}",
+            f"kv={self.kv!r}",
+            f"state_groups={self.state_groups!r}",
+            f"state={self.state!r}",
+        ]
+        if self.window:
+            fields += [
+                f"window_groups={self.window_groups!r}",
+                f"window={self.window!r}",
+                f"window_tokens={self.window_tokens!r}",
+            ]
+        if self.attn_sliding:
+            fields.append("attn_sliding=True")
+        return f"Layout({', '.join(fields)})"
 
     @property
     def page_bytes(self) -> int:
@@ -73,7 +97,11 @@ def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -
     kinds = [type(g.kv_cache_spec).__name__ for g in groups]
     if len(groups) == 1 and isinstance(groups[0].kv_cache_spec, AttentionSpec):
         spec = groups[0].kv_cache_spec
-        return Layout(0, tuple((name, spec.page_size_bytes) for name in groups[0].layer_names))
+        return Layout(
+            0,
+            tuple((name, spec.page_size_bytes) for name in groups[0].layer_names),
+            attn_sliding=isinstance(spec, SlidingWindowSpec),
+        )
     attn = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, FullAttentionSpec)]
     sliding = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, SlidingWindowSpec)]
     mamba = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]

@@ -129,6 +129,7 @@ class SchedulerSide:
         window_groups: int = 0,
         window_tokens: int = 0,
         window_slots: int = 0,
+        null_blocks: bool = False,
     ) -> None:
         self.block_size = block_size
         # events: what the tiers hold, as vLLM KV events (hicache.integrations.vllm.events)
@@ -139,6 +140,8 @@ class SchedulerSide:
         self.window_groups = window_groups
         self.windows = HostPages(window_slots, pool=PoolName.SWA) if window_groups else None
         self.window_size = window_pages(window_tokens, block_size) if window_groups else 0
+        # one sliding-window group: block id 0 is vLLM's null block (a freed block)
+        self.null_blocks = null_blocks
         # exists of every rank's key of a page, each call bounded (a hung store is a miss)
         self.store: BoundedTier | None = (
             store_tier(store, store_keys) if store is not None else None
@@ -324,7 +327,7 @@ class SchedulerSide:
         picked: list[tuple[bytes, int, int, bool]] = []
         missing: list[int] = []
         for b in range(hit.start, end):
-            if block_ids[b] == NULL_BLOCK:  # one sliding-window group: outside its window
+            if self.null_blocks and block_ids[b] == NULL_BLOCK:  # outside the window
                 continue
             key = keys[b]
             try:
@@ -464,8 +467,8 @@ class SchedulerSide:
             blocks = block_ids_of(s.req_id)
             for b in range(st.saved_upto, min(full, len(blocks))):
                 key = keys[b]
-                if self.index.known(key) or blocks[b] == NULL_BLOCK:  # freed by vLLM
-                    continue
+                if self.index.known(key) or (self.null_blocks and blocks[b] == NULL_BLOCK):
+                    continue  # held already, or freed by vLLM (one sliding-window group)
                 slot = self.index.reserve(key, pins=pins)
                 if slot is None:  # every host page is pinned: this block is not saved
                     self.stats.add("save_errors", 1)

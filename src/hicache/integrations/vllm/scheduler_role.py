@@ -78,6 +78,7 @@ class SchedulerConnector:
             window_groups=len(shape.layout.window_groups),
             window_tokens=shape.layout.window_tokens,
             window_slots=shape.window_slots,
+            null_blocks=shape.layout.attn_sliding,
         )
         self.storage_backend = settings.storage_backend
 
