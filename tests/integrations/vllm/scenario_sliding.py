@@ -92,3 +92,20 @@ def sliding_spec(model: Path, tmp: Path) -> dict[str, Any]:
             },
         ],
     }
+
+
+def sliding_two_process_spec(model: Path, tmp: Path) -> dict[str, Any]:
+    """The sliding-window model in vLLM's default mode (scheduler and worker in separate
+    processes): recompute, a host hit after vLLM's prefix cache is reset, then a restart that
+    hits the store."""
+    connector = {"host_gib": 0.05, "storage_backend": "directory", "storage_path": str(tmp)}
+    return {
+        "model": str(model),
+        "mode": "mp",
+        "llm": {"dtype": "float32"},
+        "prompts": [SPROMPT0],
+        "phases": [
+            {"connector": connector, "steps": [["gen", [0]], ["reset"], ["gen", [0]]]},
+            {"connector": connector, "steps": [["gen", [0]]]},
+        ],
+    }

