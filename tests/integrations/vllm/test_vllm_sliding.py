@@ -158,3 +158,20 @@ def test_sliding_two_process_mode_host_and_storage_hits_give_identical_tokens(
     assert host["tokens"] == recompute["tokens"]
     assert restart["cached"] == SLIDING_HIT
     assert restart["tokens"] == recompute["tokens"]
+
+
+def test_sliding_tensor_parallel_ranks_save_and_hit_window_pages_together(
+    gemma3: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """tp 2 on vLLM's CPU backend (one core per rank): each rank saves its shard of the
+    full-attention pages and of the window pages under its own store keys; a hit needs both."""
+    tmp = tmp_path_factory.mktemp("vllm-sliding-tp2")
+    spec = sliding_two_process_spec(gemma3, tmp)
+    spec["tp"] = 2
+    result = run_spec(spec, tmp, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    recompute, host, restart = _gen(result, 0, 0), _gen(result, 0, 2), _gen(result, 1, 0)
+    assert recompute["cached"] == 0
+    assert host["cached"] == SLIDING_HIT
+    assert host["tokens"] == recompute["tokens"]
+    assert restart["cached"] == SLIDING_HIT
+    assert restart["tokens"] == recompute["tokens"]
