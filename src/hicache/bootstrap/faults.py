@@ -10,6 +10,9 @@
   the ``corrupt(key)`` callback (bytes flipped on disk).
 - StoreFaultRates: the per-call probabilities of the store faults.
 - directory_corruptor(root): flips the last payload byte of a DirectoryStore object on disk.
+- PathReport: what one path of ``hicache bench soak`` (the cache face, the vLLM connector, the
+  SGLang backend) reports: ops, faults, errors, leaks, corrupt and checked pages, seconds, and
+  per-operation, per-fault and per-error counts.
 
 These are tools for ``hicache bench soak`` and for tests, never for serving.
 """
@@ -23,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -232,10 +236,40 @@ def directory_corruptor(root: str | Path) -> Callable[[StoreKey], bool]:
     return corrupt
 
 
+@attrs.frozen(kw_only=True)
+class PathReport:
+    """One soak path's outcome. ``errors``: exceptions where the call should have been served;
+    ``leaks``: slots, pins, held blocks or pending transfers left once the path is idle;
+    ``corrupt_pages``: pages read back with bytes other than those saved for their key;
+    ``checked_pages``: pages compared byte by byte; ``details``: the path's own breakdown."""
+
+    path: str
+    ops: int
+    faults: int
+    errors: int
+    leaks: int
+    corrupt_pages: int
+    checked_pages: int
+    seconds: float
+    operations: dict[str, int]
+    fault_kinds: dict[str, int]
+    error_kinds: dict[str, int]
+    error_samples: list[str]
+    details: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.errors or self.leaks or self.corrupt_pages)
+
+    def as_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
 __all__ = [
     "Faults",
     "FaultyStore",
     "FaultyTransfer",
+    "PathReport",
     "StoreFaultRates",
     "directory_corruptor",
 ]
