@@ -5,9 +5,11 @@
   with TransferError at ``fail_rate``; at ``misroute_rate`` a load copies from the wrong host
   page (a deliberate bug, to show that a byte check catches it; 0 in a normal soak).
 - FaultyStore(inner, faults, rates, corrupt=None): per store call, answers TRANSIENT, FULL or
-  FATAL for every key without touching the store, or sleeps past the call's deadline
-  ("slow"); after a put that succeeded, damages the stored object at ``corrupt`` rate through
-  the ``corrupt(key)`` callback (bytes flipped on disk).
+  FATAL for every key without touching the store, or sleeps past the call's deadline ("slow")
+  or a while within it ("stall"); after a put that succeeded, damages the stored object at
+  ``corrupt`` rate through the ``corrupt(key)`` callback (bytes flipped on disk); at
+  ``damage_read`` rate a page a get read OK has its first byte flipped afterwards, past any
+  checksum (a deliberate bug, to show that a byte check catches it; 0 in a normal soak).
 - StoreFaultRates: the per-call probabilities of the store faults.
 - directory_corruptor(root): flips the last payload byte of a DirectoryStore object on disk.
 - PathReport: what one path of ``hicache bench soak`` (the cache face, the vLLM connector, the
@@ -138,6 +140,10 @@ class StoreFaultRates:
     slow: float = attrs.field(default=0.0, validator=_rate)
     corrupt: float = attrs.field(default=0.0, validator=_rate)
     slow_s: float = attrs.field(default=0.03, validator=nonneg_seconds)  # finite, <= 1e6
+    # a stall: the call sleeps stall_s (capped to end before its deadline), then goes through
+    stall: float = attrs.field(default=0.0, validator=_rate)
+    stall_s: float = attrs.field(default=0.01, validator=nonneg_seconds)
+    damage_read: float = attrs.field(default=0.0, validator=_rate)  # a deliberate bug
 
 
 class FaultyStore(DelegatingStore):
@@ -175,6 +181,12 @@ class FaultyStore(DelegatingStore):
         if x < r.slow and deadline is not None:
             self.faults.note(f"store_{op}_slow")
             time.sleep(max(0.0, deadline - time.monotonic()) + r.slow_s)
+            return None
+        x -= r.slow
+        if x < r.stall:
+            self.faults.note(f"store_{op}_stall")
+            left = r.stall_s if deadline is None else (deadline - time.monotonic()) / 2
+            time.sleep(max(0.0, min(r.stall_s, left)))
         return None
 
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
@@ -192,7 +204,14 @@ class FaultyStore(DelegatingStore):
         status = self._status("get", deadline)
         if status is not None:
             return [status] * len(keys)
-        return self.inner.get(keys, buffers, deadline=deadline)
+        out = self.inner.get(keys, buffers, deadline=deadline)
+        if self.rates.damage_read:
+            for st, buffer in zip(out, buffers, strict=True):
+                if st.ok and buffer and self.faults.roll() < self.rates.damage_read:
+                    view = buffer[0].cast("B")  # a page buffer: memoryview segments
+                    view[0] ^= 0xFF
+                    self.faults.note("store_damage_read")
+        return out
 
     def put(
         self,

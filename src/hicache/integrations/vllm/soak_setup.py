@@ -16,12 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 from vllm.config import (
     CacheConfig,
@@ -34,7 +34,6 @@ from vllm.config import (
 
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.bootstrap.faults import Faults, FaultyStore, StoreFaultRates, directory_corruptor
-from hicache.domain.storage import PageBuffer, StoreKey, StoreStatus
 
 BLOCK = 16  # tokens per block
 LAYERS = 2
@@ -45,8 +44,10 @@ HOST_PAGES = 40  # the connector's host tier
 POISON = 0xA5
 VOCAB = 1000
 SABOTAGE = frozenset({"damage", "leak_pins"})
-STORE_FAULTS = StoreFaultRates(transient=0.03, full=0.02, fatal=0.01, corrupt=0.05)
-STALL_RATE, STALL_S = 0.02, 0.01  # stalls well within DEADLINE_S
+# stalls of 10 ms, well within DEADLINE_S
+STORE_FAULTS = StoreFaultRates(
+    transient=0.03, full=0.02, fatal=0.01, corrupt=0.05, stall=0.02, stall_s=0.01
+)
 DEADLINE_S = 0.5
 
 _RUNS: dict[str, tuple[Faults, frozenset[str]]] = {}  # soak id -> what its stores inject
@@ -73,50 +74,17 @@ class SoakStore(FaultyStore):
     def __init__(self, config: Mapping[str, Any]) -> None:
         cfg = dict(config)
         with _RUNS_LOCK:
-            faults, self.sabotage = _RUNS[str(cfg.get("soak_id"))]
+            faults, sabotage = _RUNS[str(cfg.get("soak_id"))]
         root = str(cfg["root"])
+        rates = STORE_FAULTS
+        if "damage" in sabotage:
+            rates = attrs.evolve(rates, damage_read=1.0)
         super().__init__(
             DirectoryStore(DirectorySettings(root=root)),
             faults,
-            STORE_FAULTS,
+            rates,
             corrupt=directory_corruptor(root),
         )
-
-    def _stall(self, op: str) -> None:
-        if self.faults.roll() < STALL_RATE:
-            self.faults.note(f"store_{op}_stall")
-            time.sleep(STALL_S)
-
-    def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
-        self._stall("exists")
-        return super().exists(keys, deadline=deadline)
-
-    def get(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        self._stall("get")
-        out = super().get(keys, buffers, deadline=deadline)
-        if "damage" in self.sabotage:
-            for status, buffer in zip(out, buffers, strict=True):
-                if status.ok:  # a page buffer is a sequence of memoryview segments
-                    view = buffer[0].cast("B")
-                    view[0] ^= 0xFF
-                    self.faults.note("sabotage_damage")
-        return out
-
-    def put(
-        self,
-        keys: Sequence[StoreKey],
-        buffers: Sequence[PageBuffer],
-        *,
-        deadline: float | None = None,
-    ) -> list[StoreStatus]:
-        self._stall("put")
-        return super().put(keys, buffers, deadline=deadline)
 
 
 class KVModel:
