@@ -37,6 +37,7 @@ from hicache.bootstrap.faults import (
     Faults,
     FaultyStore,
     FaultyTransfer,
+    PathReport,
     StoreFaultRates,
     directory_corruptor,
 )
@@ -130,6 +131,28 @@ class SoakReport:
 
     def as_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+    def as_path(self) -> PathReport:
+        """The cache path's part of ``hicache bench soak``'s report (leaks: slots + pins)."""
+        return PathReport(
+            path="cache",
+            ops=self.ops,
+            faults=self.faults,
+            errors=self.errors,
+            leaks=self.leaked_slots + self.leaked_pins,
+            corrupt_pages=self.corrupt_pages,
+            checked_pages=self.checked_pages,
+            seconds=self.seconds,
+            operations=self.operations,
+            fault_kinds=self.fault_kinds,
+            error_kinds=self.error_kinds,
+            error_samples=self.error_samples,
+            details={
+                "leaked_slots": self.leaked_slots,
+                "leaked_pins": self.leaked_pins,
+                "cpu_seconds": self.cpu_seconds,
+            },
+        )
 
 
 class _Stack:
