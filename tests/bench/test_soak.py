@@ -1,12 +1,20 @@
-"""The soak (hicache.bench.soak): random operations with faults over every stack leave no
-leaked slot, no leaked pin and no corrupt page; and each of its checks can fail."""
+"""The soak's paths: random operations with faults leave no leak, no corrupt page and no error,
+and each of their checks can fail (a test of each builds the broken case with a sabotage).
+
+- The cache face (hicache.bench.soak) over every stack: slots, pins, bytes restored.
+- The vLLM connector under vLLM's real scheduler (hicache.integrations.vllm.soak): blocks,
+  host pins, pending transfers; every block vLLM counts as computed holds its bytes.
+- The SGLang backend (hicache.integrations.sglang.soak): every page read holds its bytes; no
+  store call left running."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from hicache.bench.soak import STACKS, SoakSettings, soak
-from hicache.bootstrap.faults import Faults, FaultyTransfer, StoreFaultRates
+from hicache.bootstrap.faults import Faults, FaultyTransfer, PathReport, StoreFaultRates
 from hicache.domain import ConfigError
 
 
@@ -63,3 +71,96 @@ def test_bad_soak_settings_are_config_errors() -> None:
         FaultyTransfer(object(), Faults(0), fail_rate=2.0)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="transient"):
         StoreFaultRates(transient=-0.1)
+
+
+# ---- the engine paths (hicache.integrations.vllm.soak, hicache.integrations.sglang.soak) ----
+
+
+def _vllm() -> Any:
+    from tests.integrations.vllm.vllm_support import PROBLEM
+
+    if PROBLEM is not None:
+        pytest.skip(PROBLEM)
+    from hicache.integrations.vllm import soak as vllm_soak
+
+    return vllm_soak
+
+
+def _sglang() -> Any:
+    from tests.integrations.sglang.support import PROBLEM
+
+    if PROBLEM is not None:
+        pytest.skip(PROBLEM)
+    from hicache.integrations.sglang import soak as sglang_soak
+
+    return sglang_soak
+
+
+def _clean(report: PathReport) -> None:
+    assert (report.errors, report.leaks, report.corrupt_pages) == (0, 0, 0), (
+        report.error_samples,
+        report.details,
+    )
+    assert report.checked_pages > 0
+    assert report.faults > 0
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_short_vllm_soak_leaks_nothing_and_every_loaded_block_holds_its_bytes(
+    seed: int,
+) -> None:
+    report = _vllm().soak_vllm(400, seed)
+    _clean(report)
+    assert report.details["loaded_pages"] > 0  # the connector really loaded blocks
+    assert set(report.operations) >= {"add", "step", "abort", "reset_cache", "preempt_all"}
+    assert any(k.startswith("store_get") for k in report.fault_kinds)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_soak_blocks_damaged_after_the_read_are_reported_as_corrupt() -> None:
+    report = _vllm().soak_vllm(300, 1, frozenset({"damage"}))
+    assert report.fault_kinds.get("store_damage_read", 0) > 0
+    assert report.corrupt_pages > 0
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_soak_a_host_pin_never_released_is_reported_as_a_leak() -> None:
+    report = _vllm().soak_vllm(200, 2, frozenset({"leak_pins"}))
+    assert report.leaks == 1
+    assert report.details["leaks"]["host_pins"] == 1
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_short_sglang_soak_leaks_nothing_and_every_page_read_holds_its_bytes(
+    seed: int,
+) -> None:
+    report = _sglang().soak_sglang(500, seed)
+    _clean(report)
+    assert set(report.operations) >= {"set", "get", "exists", "legacy_set", "legacy_get"}
+    assert report.fault_kinds.get("store_corrupt", 0) > 0
+
+
+@pytest.mark.sglang
+def test_sglang_soak_pages_damaged_after_the_read_are_reported_as_corrupt() -> None:
+    report = _sglang().soak_sglang(200, 3, frozenset({"damage"}))
+    assert report.corrupt_pages > 0
+
+
+@pytest.mark.sglang
+def test_sglang_soak_a_store_call_left_running_is_reported_as_a_leak() -> None:
+    report = _sglang().soak_sglang(100, 4, frozenset({"hang"}))
+    assert report.details["leaks"]["stuck_calls"] == 1
+    assert report.leaks == 1
+
+
+@pytest.mark.vllm
+@pytest.mark.sglang
+def test_bad_engine_soak_sabotage_is_a_config_error() -> None:
+    for module, call in ((_vllm, "soak_vllm"), (_sglang, "soak_sglang")):
+        with pytest.raises(ConfigError, match="sabotage"):
+            getattr(module(), call)(10, 0, frozenset({"explode"}))
