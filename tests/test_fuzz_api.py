@@ -57,6 +57,14 @@ from hicache.domain.sizing import BudgetSizing, RatioSizing
 from hicache.domain.slots import GroupAllocator, PageAllocator
 from hicache.domain.tiers import WriteSettings
 from hicache.engine.storage_settings import StorageTierSettings
+from tests.fuzz_values import (
+    DOCUMENTS,
+    HOSTILE_DOCUMENTS,
+    HOSTILE_NUMBERS,
+    JSON_LEAVES,
+    deep,
+    typed_or,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -127,7 +135,7 @@ def test_every_layout_for_every_pool_plans_or_is_a_typed_error(model: str) -> No
     pools = [p.name for p in plan_stack(spec).pools]
     for pool in [*PoolName]:
         for layout in Layout:
-            result = _typed_or(
+            result = typed_or(
                 lambda p=pool, la=layout: plan_stack(
                     spec, PlanSettings(pool_layouts={p.value: la.value})
                 )
@@ -210,36 +218,15 @@ def test_paths_pool_name_strings_and_backend_names_are_accepted(tmp_path: Path) 
     allocator.free({"kv": list(taken["kv"])})
 
 
-JSON_LEAVES = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(10**40), max_value=10**40),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12),
-)
-DOCUMENTS = st.recursive(
-    JSON_LEAVES,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
 FUZZ = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 
-def _typed_or(fn: Callable[[], object]) -> object:
-    try:
-        return fn()
-    except HiCacheError as e:
-        return e
-
-
 @FUZZ
 @given(text=st.one_of(st.text(max_size=60), DOCUMENTS.map(lambda d: json.dumps(d))))
 def test_extra_config_text_parses_or_is_a_config_error(text: str) -> None:
-    result = _typed_or(lambda: parse_extra_config(text))
+    result = typed_or(lambda: parse_extra_config(text))
     assert isinstance(result, (dict, HiCacheError))
 
 
@@ -252,7 +239,7 @@ def test_extra_config_mappings_resolve_or_are_config_errors(
         storage = StorageSettings(backend="dynamic", extra_config={**doc, "allocator": allocator})
         return resolve_host_memory(storage)
 
-    result = _typed_or(resolve)
+    result = typed_or(resolve)
     assert isinstance(result, HiCacheError) or allocator in ("shm", "anonymous", "mooncake")
 
 
@@ -263,39 +250,10 @@ def test_any_bytes_as_an_extra_config_file_load_or_are_config_errors(
 ) -> None:
     path = tmp_path / f"extra{suffix}"
     path.write_bytes(data)
-    result = _typed_or(lambda: load_extra_config(f"@{path}"))
+    result = typed_or(lambda: load_extra_config(f"@{path}"))
     assert isinstance(result, (dict, HiCacheError))
 
 
-def _deep(levels: int) -> list[object]:
-    value: list[object] = []
-    for _ in range(levels):
-        value = [value]
-    return value
-
-
-# Numbers at and past every bound: float's range, the seconds bound, 64 bits, int->str limits.
-HOSTILE_NUMBERS = st.one_of(
-    st.sampled_from([1e308, -1e308, 10**400, -(10**400), 2**63, 1e6, 1e6 + 1, 1e9 + 1, 0, -0.0]),
-    st.just(5000).map(lambda n: 10**n),  # past int->str's 4300 digits: repr would raise
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.integers(min_value=-(10**40), max_value=10**40),
-)
-HOSTILE_LEAVES = st.one_of(
-    JSON_LEAVES,
-    HOSTILE_NUMBERS,
-    st.just(3000).map(_deep),  # past the recursion limit: walked, shown and refused without recursing
-    st.builds(dict, st.lists(st.tuples(st.integers(), st.integers()), max_size=3)),  # int keys
-    st.lists(st.tuples(st.text(max_size=6), JSON_LEAVES), max_size=3),  # pairs, not a mapping
-)
-HOSTILE_DOCUMENTS = st.recursive(
-    HOSTILE_LEAVES,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3),
-        st.dictionaries(st.one_of(st.text(max_size=8), st.integers()), inner, max_size=3),
-    ),
-    max_leaves=12,
-)
 KEY_NAMES = st.one_of(
     st.sampled_from([k.name for k in KEYS]), st.sampled_from(["plan", "storage", "runtime"])
 )
@@ -311,7 +269,7 @@ def _as_json(doc: object) -> str:
 
 
 def _config_or_error(fn: Callable[[], object]) -> object:
-    result = _typed_or(fn)
+    result = typed_or(fn)
     assert isinstance(result, (HiCacheConfig, HiCacheError)), type(result)
     if isinstance(result, HiCacheError):
         assert len(str(result)) < 2000  # values are shown bounded, never repr'd whole
@@ -392,7 +350,7 @@ SECONDS = st.one_of(HOSTILE_NUMBERS, st.booleans(), st.text(max_size=4), st.none
                               "call_deadline_s", "breaker_cooldown_s"]), value=SECONDS)
 def test_storage_tier_seconds_are_finite_and_bounded_or_refused(field: str, value: object) -> None:
     extra = {"timeout_max_s": 1e6} if field != "timeout_max_s" else {}
-    result = _typed_or(lambda: StorageTierSettings(**{field: value}, **extra))
+    result = typed_or(lambda: StorageTierSettings(**{field: value}, **extra))
     if isinstance(result, StorageTierSettings):
         got = getattr(result, field)
         assert math.isfinite(got)
@@ -402,7 +360,7 @@ def test_storage_tier_seconds_are_finite_and_bounded_or_refused(field: str, valu
 @FUZZ
 @given(field=st.sampled_from(["timeout_s", "stale_tmp_s"]), value=SECONDS)
 def test_directory_store_seconds_are_finite_and_bounded_or_refused(field: str, value: object) -> None:
-    result = _typed_or(lambda: DirectorySettings.from_config({field: value}))
+    result = typed_or(lambda: DirectorySettings.from_config({field: value}))
     if isinstance(result, DirectorySettings):
         got = getattr(result, field)
         assert got is None or (math.isfinite(got) and 0 <= got <= 1e6)
@@ -425,7 +383,7 @@ EDGE_VALUES: dict[str, Callable[[], object]] = {
     "nan": lambda: math.nan,
     "10**400": lambda: 10**400,
     "10**5000": lambda: 10**5000,
-    "deep": lambda: _deep(5000),
+    "deep": lambda: deep(5000),
     "non-string keys": lambda: {1: 2, "a": 3},
     "unknown keys": lambda: {"nope": 1},
     "pairs": lambda: [("a", 1)],
@@ -444,7 +402,7 @@ def test_edge_values_in_any_settings_field_are_a_typed_error_shown_short(
     cls: str, field: str, value: str
 ) -> None:
     klass = next(c for c in SETTINGS_CLASSES if c.__name__ == cls)
-    result = _typed_or(lambda: klass(**{field: EDGE_VALUES[value]()}))
+    result = typed_or(lambda: klass(**{field: EDGE_VALUES[value]()}))
     if isinstance(result, HiCacheError):
         assert len(str(result)) < 1000
 

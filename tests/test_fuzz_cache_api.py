@@ -14,8 +14,7 @@ holds exactly the pages the index holds plus the ones the test allocated itself.
 from __future__ import annotations
 
 import contextlib
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from hicache.domain.tiers import Tier
 from hicache.engine import open_sync
 from tests.engine.fakes import Rig, dense_plan
 from tests.engine.fakes import hybrid_plan as _hybrid_plan
+from tests.fuzz_values import HOSTILE as SHARED
 from tests.storage.conftest import key, page
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,42 +41,8 @@ KV, MAMBA = PoolName.KV, PoolName.MAMBA
 PS = 4
 
 
-def _gen() -> Iterator[int]:
-    yield from range(9)
-
-
-HOSTILE: dict[str, Callable[[], object]] = {
-    "None": lambda: None,
-    "int": lambda: 7,
-    "negative": lambda: -1,
-    "float": lambda: 1.5,
-    "bool": lambda: True,
-    "nan": lambda: math.nan,
-    "inf": lambda: math.inf,
-    "huge": lambda: 10**30,
-    "text": lambda: "kv",
-    "empty text": lambda: "",
-    "bytes": lambda: b"\x00\x01",
-    "list": list,
-    "mapping": dict,
-    "generator": _gen,
-    "object": object,
-    "nested": lambda: {"kv": None},
-    "list of lists": lambda: [[1]],
-    "Tier.STORAGE": lambda: Tier.STORAGE,
-    "1e308": lambda: 1e308,
-    "-inf": lambda: -math.inf,
-    "10**400": lambda: 10**400,
-    "deep": lambda: _deep(5000),
-    "non-string keys": lambda: {1: 2, "kv": [0]},
-}
-
-
-def _deep(levels: int) -> list[object]:
-    value: list[object] = []
-    for _ in range(levels):
-        value = [value]
-    return value
+# The shared hostile values (tests/fuzz_values.py), and a tier the calls take no value of.
+HOSTILE: dict[str, Callable[[], object]] = {**SHARED, "Tier.STORAGE": lambda: Tier.STORAGE}
 
 
 def state_plan() -> HostGroupPlan:
