@@ -106,12 +106,19 @@ class ConnectorSettings:
     ) -> ConnectorSettings:
         """Settings from vLLM's extra config, then hicache's file and environment (``env``,
         default os.environ; ``{}`` reads neither) for the overlapping keys it leaves out."""
-        config = dict(config or {})
+        if config is None:
+            config = {}
+        if not isinstance(config, Mapping):  # pairs, text, a number: never read as a mapping
+            raise ConfigError(
+                f"{SOURCE} must be a mapping of text keys (a JSON object), got "
+                f"{type(config).__name__} {shown(config)}"
+            )
+        config = dict(config)
         _string_keys(config, SOURCE)
         unknown = sorted(set(config) - set(KEYS))
         if unknown:
             raise ConfigError(
-                f"kv_connector_extra_config key {unknown[0]!r} is unknown to HiCacheConnector: "
+                f"kv_connector_extra_config key {shown(unknown[0])} is unknown to HiCacheConnector: "
                 f"expected some of {', '.join(KEYS)}"
             )
         out: dict[str, Any] = {}
@@ -126,7 +133,7 @@ class ConnectorSettings:
         backend = config.get("storage_backend")
         if backend is not None and backend not in (*BACKENDS, "none"):
             raise ConfigError(
-                f"kv_connector_extra_config 'storage_backend' = {backend!r}: expected one of "
+                f"kv_connector_extra_config 'storage_backend' = {shown(backend)}: expected one of "
                 f"{', '.join(BACKENDS)}, 'none' or null (no storage tier)"
             )
         if backend == "none":
@@ -136,19 +143,19 @@ class ConnectorSettings:
         if backend == "directory":
             if not isinstance(path, str) or not path.strip():
                 raise ConfigError(
-                    f"kv_connector_extra_config 'storage_path' = {path!r}: the directory store "
+                    f"kv_connector_extra_config 'storage_path' = {shown(path)}: the directory store "
                     "needs a non-empty directory path"
                 )
             out["storage_path"] = path
         elif path is not None:
             raise ConfigError(
-                f"kv_connector_extra_config 'storage_path' = {path!r}: only the 'directory' "
-                f"storage backend takes a path (storage_backend is {backend!r})"
+                f"kv_connector_extra_config 'storage_path' = {shown(path)}: only the 'directory' "
+                f"storage backend takes a path (storage_backend is {shown(backend)})"
             )
         extra = config.get("storage_extra_config", {})
         if not isinstance(extra, Mapping):
             raise ConfigError(
-                f"kv_connector_extra_config 'storage_extra_config' = {extra!r}: expected a "
+                f"kv_connector_extra_config 'storage_extra_config' = {shown(extra)}: expected a "
                 "mapping (hicache's storage extra config)"
             )
         _string_keys(extra, f"{SOURCE} 'storage_extra_config'")
@@ -167,14 +174,14 @@ class ConnectorSettings:
         policy = config.get("write_policy", "write_through")
         if policy not in WRITE_POLICIES:
             raise ConfigError(
-                f"kv_connector_extra_config 'write_policy' = {policy!r}: expected one of "
+                f"kv_connector_extra_config 'write_policy' = {shown(policy)}: expected one of "
                 f"{', '.join(WRITE_POLICIES)}"
             )
         out["write_policy"] = policy
         decode = config.get("save_decode", True)
         if not isinstance(decode, bool):
             raise ConfigError(
-                f"kv_connector_extra_config 'save_decode' = {decode!r}: expected true or false"
+                f"kv_connector_extra_config 'save_decode' = {shown(decode)}: expected true or false"
             )
         out["save_decode"] = decode
         port = config.get("metrics_port")
@@ -182,28 +189,28 @@ class ConnectorSettings:
             isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
         ):
             raise ConfigError(
-                f"kv_connector_extra_config 'metrics_port' = {port!r}: expected a port in "
+                f"kv_connector_extra_config 'metrics_port' = {shown(port)}: expected a port in "
                 "1..65535 (the scheduler's; worker rank r serves port + 1 + r) or null"
             )
         out["metrics_port"] = port
         mode = config.get("metrics", "off")
         if mode not in METRICS_MODES:
             raise ConfigError(
-                f"kv_connector_extra_config 'metrics' = {mode!r}: expected one of "
+                f"kv_connector_extra_config 'metrics' = {shown(mode)}: expected one of "
                 f"{', '.join(METRICS_MODES)}"
             )
         out["metrics"] = mode
         copy = config.get("copy_backend", "auto")
         if copy not in COPY_BACKENDS:
             raise ConfigError(
-                f"kv_connector_extra_config 'copy_backend' = {copy!r}: expected one of "
+                f"kv_connector_extra_config 'copy_backend' = {shown(copy)}: expected one of "
                 f"{', '.join(COPY_BACKENDS)}"
             )
         out["copy_backend"] = copy
         for name in ("deadline_s", "grace_s"):
             if name in config:
                 out[name] = bounded_seconds(
-                    config[name], f"kv_connector_extra_config {name!r}", positive=True
+                    config[name], f"kv_connector_extra_config {shown(name)}", positive=True
                 )
         _layer_hicache_config(config, out, os.environ if env is None else env)
         settings = cls(**out)
@@ -224,7 +231,7 @@ def _check_store_config(backend: str, extra: Mapping[str, Any]) -> None:
     here (before memory is touched or the store opened), as the SGLang backend does. The
     "dynamic" plug-in's keys other than those naming it are the plug-in's to check.
     Imports hicache's storage adapters (and torch through them) only when a store is set."""
-    where = f"{SOURCE} 'storage_extra_config' (store {backend!r})"
+    where = f"{SOURCE} 'storage_extra_config' (store {shown(backend)})"
     if backend == "directory":
         from hicache.adapters.storage.directory_settings import DirectorySettings
 
@@ -239,7 +246,7 @@ def _check_store_config(backend: str, extra: Mapping[str, Any]) -> None:
         unknown = sorted(set(extra) - set(MOONCAKE_KEYS))
         if unknown:
             raise ConfigError(
-                f"{where} key {unknown[0]!r} is unknown to the Mooncake store: expected some of "
+                f"{where} key {shown(unknown[0])} is unknown to the Mooncake store: expected some of "
                 f"{', '.join(MOONCAKE_KEYS)}"
             )
         if "master_server_address" in extra:  # else the store reads its file or environment
@@ -279,7 +286,7 @@ def _layer_hicache_config(
     where = hc.source("storage.backend")
     if backend not in BACKENDS:
         raise ConfigError(
-            f"storage.backend = {backend!r} from {where}: HiCacheConnector supports "
+            f"storage.backend = {shown(backend)} from {where}: HiCacheConnector supports "
             f"{', '.join(BACKENDS)} (or set 'storage_backend' in {SOURCE})"
         )
     extra = dict(hc.value("storage.extra_config"))
@@ -288,7 +295,7 @@ def _layer_hicache_config(
         root = extra.pop("root", None)
         if not isinstance(root, str) or not root.strip():
             raise ConfigError(
-                f"storage.extra_config = {hc.value('storage.extra_config')!r} from "
+                f"storage.extra_config = {shown(hc.value('storage.extra_config'))} from "
                 f"{hc.source('storage.extra_config')}: the directory store needs a 'root' "
                 f"(storage.backend = 'directory' from {where})"
             )
