@@ -4,13 +4,16 @@ the backend uses or raises ConfigError naming the call, the value and what was e
 - one_key / page_keys: a key; a call's keys (a list or tuple of str).
 - host_tokens: the host token index each page of a v1 / v2 call starts at.
 - flat_pages: the flat page tensors of a legacy call as store buffers.
+- transfers_of: a v2 call's per-pool transfers (a list of SGLang's PoolTransfer).
 """
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import torch
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.storage import PageBuffer
 from hicache.integrations.sglang.pages import tensor_bytes
 
@@ -18,7 +21,7 @@ from hicache.integrations.sglang.pages import tensor_bytes
 def one_key(key: object, call: str) -> str:
     if not isinstance(key, str):
         raise ConfigError(
-            f"HiCacheBackend {call}: key {key!r} ({type(key).__name__}): expected a str"
+            f"HiCacheBackend {call}: key {shown(key)} ({type(key).__name__}): expected a str"
         )
     return key
 
@@ -29,12 +32,12 @@ def page_keys(keys: object, call: str) -> list[str]:
     if not isinstance(keys, list | tuple):
         raise ConfigError(
             f"HiCacheBackend {call}: keys must be a list of str, got {type(keys).__name__}"
-            + (f" {keys!r}" if isinstance(keys, str | bytes) else "")
+            + (f" {shown(keys)}" if isinstance(keys, str | bytes) else "")
         )
     for i, key in enumerate(keys):
         if not isinstance(key, str):
             raise ConfigError(
-                f"HiCacheBackend {call}: keys[{i}] is {key!r} ({type(key).__name__}): "
+                f"HiCacheBackend {call}: keys[{i}] is {shown(key)} ({type(key).__name__}): "
                 "expected a str"
             )
     return list(keys)
@@ -61,7 +64,7 @@ def host_tokens(host_indices: object, n: int, page_size: int, pool: str, call: s
     ps = page_size
     if int(host_indices.numel()) != n * ps:
         raise ConfigError(
-            f"HiCacheBackend pool {pool!r}: host_indices has {int(host_indices.numel())} "
+            f"HiCacheBackend pool {shown(pool)}: host_indices has {int(host_indices.numel())} "
             f"token indices for {n} keys: expected {n * ps} (page size {ps})"
         )
     # Page i starts at token index i * ps: read those n starts only (a strided view).
@@ -89,7 +92,20 @@ def flat_pages(tensors: object, n: int, page_bytes: int, pool: str, what: str) -
         if view.nbytes != page_bytes:
             raise ConfigError(
                 f"HiCacheBackend {what}[{i}] has {view.nbytes} bytes: expected a flat page "
-                f"of pool {pool!r}, {page_bytes} bytes"
+                f"of pool {shown(pool)}, {page_bytes} bytes"
             )
         out.append([view])
     return out
+
+
+T = TypeVar("T")
+
+
+def transfers_of(value: Any, kind: type[T], call: str) -> list[T]:
+    """A v2 call's transfers: a list (or tuple) of ``kind`` (SGLang's PoolTransfer)."""
+    if not isinstance(value, list | tuple) or not all(isinstance(t, kind) for t in value):
+        raise ConfigError(
+            f"HiCacheBackend {call}: expected a list of SGLang's {kind.__name__}, got "
+            f"{type(value).__name__} {shown(value)}"
+        )
+    return list(value)

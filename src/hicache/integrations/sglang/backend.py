@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -39,14 +39,20 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from hicache.bootstrap.storage import open_named_store
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.pools import PoolName
 from hicache.domain.storage import PageBuffer, Store
 from hicache.engine.bounded import Answer, BoundedSettings, BoundedStorage, BoundedTier
 from hicache.engine.logs import get_logger
 from hicache.engine.storage_settings import StorageTierSettings
 from hicache.engine.storage_tier import StorageTier
-from hicache.integrations.sglang.arguments import flat_pages, host_tokens, one_key, page_keys
+from hicache.integrations.sglang.arguments import (
+    flat_pages,
+    host_tokens,
+    one_key,
+    page_keys,
+    transfers_of,
+)
 from hicache.integrations.sglang.keys import page_key, pool_namespace
 from hicache.integrations.sglang.metrics import BackendMetrics
 from hicache.integrations.sglang.pages import PoolPages, tensor_bytes
@@ -84,8 +90,8 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 f"HiCacheBackend: storage_config must be SGLang's HiCacheStorageConfig, got "
                 f"{type(storage_config).__name__}"
             )
+        self.settings = BackendSettings.parse(storage_config.extra_config)
         extra = dict(storage_config.extra_config or {})
-        self.settings = BackendSettings.parse(extra)
         self.storage_config = storage_config
         self.interface_v1 = bool(extra.get("interface_v1", 0))
         # Mooncake moves bytes only from and to host memory registered with it: the pools'
@@ -97,10 +103,15 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 "interface_v1: 1 (the legacy calls hand over flat page copies, which Mooncake "
                 "cannot read or write)"
             )
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ConfigError(
+                f"HiCacheBackend: kwargs must be a mapping, got {type(kwargs).__name__} "
+                f"{shown(kwargs)}"
+            )
         given = (kwargs or {}).get("store")
         if given is not None and not isinstance(given, Store):
             raise ConfigError(
-                f"HiCacheBackend: kwargs['store'] must be a hicache Store, got {given!r}"
+                f"HiCacheBackend: kwargs['store'] must be a hicache Store, got {shown(given)}"
             )
         self.store: Store = (
             given
@@ -145,13 +156,13 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         self._add_pool("kv", mem_pool_host)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        super().register_mem_host_pool_v2(host_pool, host_pool_name)
         name = getattr(host_pool_name, "value", host_pool_name)
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or not name:  # checked before SGLang keys a dict by it
             raise ConfigError(
-                f"HiCacheBackend: host_pool_name {host_pool_name!r}: expected a pool name "
+                f"HiCacheBackend: host_pool_name {shown(host_pool_name)}: expected a pool name "
                 "(SGLang's PoolName or a non-empty str)"
             )
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
         existing = self._pools.get(name)
         if existing is not None and existing.pages.pool is host_pool:
             return
@@ -162,19 +173,19 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             pages = PoolPages(name, pool)
         except (AttributeError, TypeError, ValueError) as e:
             raise ConfigError(
-                f"HiCacheBackend: pool {name!r}: {pool!r} is not an SGLang host pool "
+                f"HiCacheBackend: pool {shown(name)}: {shown(pool)} is not an SGLang host pool "
                 f"({type(e).__name__}: {e})"
             ) from e
         if pages.page_size <= 0 or pages.flat_nbytes <= 0:
             raise ConfigError(
-                f"HiCacheBackend: pool {name!r}: page_size {pages.page_size} and page bytes "
+                f"HiCacheBackend: pool {shown(name)}: page_size {pages.page_size} and page bytes "
                 f"{pages.flat_nbytes}: expected both > 0"
             )
         if self.zero_copy_only and not pages.zero_copy:
             raise ConfigError(
-                f"HiCacheBackend: pool {name!r} ({type(pool).__name__}, layout "
-                f"{pages.layout!r}) has no zero-copy segments ({pages.copy_reason}): store "
-                f"{self.settings.store!r} cannot serve it; use a page_first layout or store "
+                f"HiCacheBackend: pool {shown(name)} ({type(pool).__name__}, layout "
+                f"{shown(pages.layout)}) has no zero-copy segments ({pages.copy_reason}): store "
+                f"{shown(self.settings.store)} cannot serve it; use a page_first layout or store "
                 "'directory'"
             )
         if pages.zero_copy:
@@ -208,7 +219,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         found = self._pools.get(name)
         if found is None:
             raise ConfigError(
-                f"HiCacheBackend: pool {name!r} is not registered: expected one of "
+                f"HiCacheBackend: pool {shown(name)} is not registered: expected one of "
                 f"{', '.join(sorted(self._pools)) or 'none (register_mem_pool_host first)'}"
             )
         return found
@@ -423,6 +434,9 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         """The usable prefix under each side pool's hit policy (SGLang's file backend's rules):
         ``kv_hit_pages``, the pages each pool has, and the prefix lengths every pool can restore."""
         keys = page_keys(keys, "batch_exists_v2")
+        pool_transfers = transfers_of(
+            [] if pool_transfers is None else pool_transfers, PoolTransfer, "batch_exists_v2"
+        )
         kv = self._exists_each(self.pool("kv"), keys)
         kv_pages = kv.index(False) if False in kv else len(kv)
         hits: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
@@ -441,7 +455,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 boundary = max(allowed, default=0)
             else:
                 raise ConfigError(
-                    f"HiCacheBackend: pool {name!r} hit policy {transfer.hit_policy!r} is not "
+                    f"HiCacheBackend: pool {shown(name)} hit policy {shown(transfer.hit_policy)} is not "
                     "supported: expected all_pages or trailing_pages"
                 )
             if boundary:
@@ -453,10 +467,10 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
 
     def _v2(self, transfers: list[PoolTransfer], op: str) -> dict[str, list[bool]]:
         out: dict[str, list[bool]] = {}
-        for transfer in transfers:
+        for transfer in transfers_of(transfers, PoolTransfer, f"batch_{op}_v2"):
             name = str(getattr(transfer.name, "value", transfer.name))
             pool = self.pool(name)
-            keys = page_keys(transfer.keys or [], f"batch_{op}_v2 pool {name!r}")
+            keys = page_keys(transfer.keys or [], f"batch_{op}_v2 pool {shown(name)}")
             indices = transfer.host_indices
             expected = len(keys) * pool.pages.page_size
             if indices is None or (
@@ -473,7 +487,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 self.counters.count_error(operation=op, status="bad_host_indices")
                 out[transfer.name] = [False] * len(keys)
                 continue
-            call = f"batch_{op}_v2 pool {name!r}"
+            call = f"batch_{op}_v2 pool {shown(name)}"
             tokens = host_tokens(indices, len(keys), pool.pages.page_size, pool.name, call)
             move = self._get_host if op == "get" else self._set_host
             out[transfer.name] = move(pool, keys, tokens)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hicache.domain.errors import ConfigError, ForeignIndexError
+from hicache.domain.errors import ConfigError, ForeignIndexError, shown
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -157,7 +157,7 @@ class PoolPages:
         """The page that starts at host token index ``token``; ForeignIndexError otherwise."""
         if token % self.page_size or not 0 <= token < self.pages * self.page_size:
             raise ForeignIndexError(
-                f"sglang pool {self.name!r}: host index {token} does not start one of its "
+                f"sglang pool {shown(self.name)}: host index {token} does not start one of its "
                 f"{self.pages} pages of {self.page_size} tokens"
             )
         return token // self.page_size

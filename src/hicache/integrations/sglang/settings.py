@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from hicache.domain.errors import ConfigError
+from hicache.domain.errors import ConfigError, shown
 from hicache.domain.limits import bounded_seconds
 
 SGLANG_KEYS = frozenset(
@@ -91,7 +91,7 @@ def _through_hicache_config(
         config = HiCacheConfig.load(env=tier_env).with_values(given, source=SOURCE)
     except ConfigError as exc:
         named = [k for k, key in TIER_KEYS.items() if key in str(exc)]
-        which = f" {named[0]!r}" if named else "s"
+        which = f" {shown(named[0])}" if named else "s"
         raise ConfigError(f"hicache sglang backend key{which}: {exc}") from None
     return {
         k: config.value(key)
@@ -101,13 +101,13 @@ def _through_hicache_config(
 
 
 def _seconds(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    bounded_seconds(value, f"hicache sglang backend key {attr.name!r}", positive=True)
+    bounded_seconds(value, f"hicache sglang backend key {shown(attr.name)}", positive=True)
 
 
 def _positive_int(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(
-            f"hicache sglang backend key {attr.name!r}: expected an integer > 0, got {value!r}"
+            f"hicache sglang backend key {shown(attr.name)}: expected an integer > 0, got {shown(value)}"
         )
 
 
@@ -115,21 +115,21 @@ def _store_name(_inst: object, _attr: attrs.Attribute[Any], value: object) -> No
     if not isinstance(value, str) or not value.strip() or value == "dynamic":
         raise ConfigError(
             f"hicache sglang backend key 'store': expected a store name ('directory', "
-            f"'mooncake' or an installed hicache.stores plug-in), got {value!r}"
+            f"'mooncake' or an installed hicache.stores plug-in), got {shown(value)}"
         )
 
 
 def _path(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise ConfigError(
-            f"hicache sglang backend key 'store_path': expected a directory path, got {value!r}"
+            f"hicache sglang backend key 'store_path': expected a directory path, got {shown(value)}"
         )
 
 
 def _bool(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, bool):
         raise ConfigError(
-            f"hicache sglang backend key {attr.name!r}: expected true or false, got {value!r}"
+            f"hicache sglang backend key {shown(attr.name)}: expected true or false, got {shown(value)}"
         )
 
 
@@ -138,8 +138,8 @@ def _port(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
         isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535
     ):
         raise ConfigError(
-            f"hicache sglang backend key {attr.name!r}: expected a port in 0..65535 (0: a free "
-            f"one), got {value!r}"
+            f"hicache sglang backend key {shown(attr.name)}: expected a port in 0..65535 (0: a free "
+            f"one), got {shown(value)}"
         )
 
 
@@ -166,13 +166,14 @@ class BackendSettings:
         store's; TIER_KEYS also from ``env`` (default os.environ, module docstring)."""
         if not isinstance(extra_config, Mapping | None):
             raise ConfigError(
-                f"hicache sglang backend: extra_config must be a mapping, got {type(extra_config).__name__}"
+                f"hicache sglang backend: extra_config must be a mapping, got "
+                f"{type(extra_config).__name__} {shown(extra_config)}"
             )
         config = dict(extra_config or {})
         for key in config:
             if not isinstance(key, str):
                 raise ConfigError(
-                    f"hicache sglang backend: extra_config key {key!r} "
+                    f"hicache sglang backend: extra_config key {shown(key)} "
                     f"({type(key).__name__}): expected a string"
                 )
         own = {k: config[k] for k in BACKEND_KEYS if k in config}
@@ -194,7 +195,7 @@ class BackendSettings:
         elif settings.store_path is not None:
             raise ConfigError(
                 f"hicache sglang backend key 'store_path': only store 'directory' has one, "
-                f"store is {settings.store!r}"
+                f"store is {shown(settings.store)}"
             )
         elif settings.store == "mooncake" and rest:
             from hicache.adapters.storage.mooncake_config import KEYS
@@ -202,7 +203,7 @@ class BackendSettings:
             unknown = sorted(set(rest) - set(KEYS))
             if unknown:
                 raise ConfigError(
-                    f"hicache sglang backend: unknown key {unknown[0]!r} (keys of store "
+                    f"hicache sglang backend: unknown key {shown(unknown[0])} (keys of store "
                     f"'mooncake': {', '.join(sorted(KEYS))}; of the backend: "
                     f"{', '.join(BACKEND_KEYS)})"
                 )
