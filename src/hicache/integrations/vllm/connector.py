@@ -118,6 +118,8 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
                     and vllm_config.kv_events_config.enable_kv_cache_events
                 ),
                 hash_block_size=kv_cache_config.hash_block_size,
+                # asynchronous scheduling overlaps steps: they cannot be timed one by one
+                time_steps=not getattr(vllm_config.scheduler_config, "async_scheduling", False),
             )
             export(self.settings, 0)
             log_start("scheduler", self.shape, self.settings)

@@ -147,6 +147,7 @@ class Event:
     key: bytes
     ok: bool
     nbytes: int = 0
+    seconds: float = 0.0  # this page's share of its transfer's time (LOAD, READ, STORE)
 
 
 @attrs.define

@@ -61,6 +61,7 @@ from hicache.integrations.vllm.hybrid_hits import (
     window_pages,
     window_saves,
 )
+from hicache.integrations.vllm.load_policy import LoadPolicy
 from hicache.integrations.vllm.plan import (
     Agreement,
     Event,
@@ -130,10 +131,14 @@ class SchedulerSide:
         window_tokens: int = 0,
         window_slots: int = 0,
         null_blocks: bool = False,
+        policy: LoadPolicy | None = None,
     ) -> None:
         self.block_size = block_size
         # events: what the tiers hold, as vLLM KV events (hicache.integrations.vllm.events)
         self.events = events
+        # load or recompute (hicache.integrations.vllm.load_policy); "always" by default here
+        self.policy = policy if policy is not None else LoadPolicy("always", time_steps=False)
+        self._declined: dict[str, int] = {}  # req_id -> tokens of its hit not offered
         self.index = HostPages(host_slots, on_change=events.host_change if events else None)
         self.state_groups = state_groups
         self.states = HostPages(state_slots, pool=PoolName.MAMBA) if state_groups else None
@@ -238,11 +243,23 @@ class SchedulerSide:
                 elif self.events is not None:
                     self.events.store_answer(req_id, i, keys[i : i + run], answer.value)
                 i += answer.value
-        end = i
+        end = self._offer(req_id, start, host, i)
         if end <= start:
             return 0, False
-        self._hits[req_id] = _Hit(start=start, host=max(host, start), end=end)
+        self._hits[req_id] = _Hit(start=start, host=min(max(host, start), end), end=end)
         return (end - start) * bs, end > max(host, start)
+
+    def _offer(self, req_id: str, start: int, host: int, end: int) -> int:
+        """The end of the hit worth loading (LoadPolicy); the rest is declined (recomputed)."""
+        self._declined.pop(req_id, None)
+        if end <= start:
+            return end
+        chosen = self.policy.choose(
+            start=start, host_end=max(host, start), end=end, block_size=self.block_size
+        )
+        if chosen < end:
+            self._declined[req_id] = (end - chosen) * self.block_size
+        return chosen
 
     def _in_store(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether every rank's copy of each page is in the store (False where it cannot say)."""
@@ -273,6 +290,10 @@ class SchedulerSide:
             in_store=self._in_store,
         )
         if hit is None:
+            return 0, False
+        # all or nothing (a hybrid hit ends at a state or a window): declined whole if not worth it
+        if self._offer(req_id, start, min(max(hit.host, start), hit.end), hit.end) < hit.end:
+            self._declined[req_id] = (hit.end - start) * self.block_size
             return 0, False
         self._hits[req_id] = _Hit(
             start=start,
@@ -306,6 +327,8 @@ class SchedulerSide:
             )
         else:
             host, storage = self._alloc(req_id, block_ids, num_external)
+        self.stats.add("declined_tokens", self._declined.pop(req_id, 0))
+        self.policy.planned(host=host + storage, reads=storage)
         looked = self._looked.pop(req_id, None)
         if looked is not None:
             tokens, device = looked
@@ -443,6 +466,7 @@ class SchedulerSide:
         """The step's plan; ``block_ids_of``: a request's attention blocks, ``state_ids_of``:
         its state groups' blocks (hybrid models), ``window_ids_of``: its sliding-window groups'
         blocks (sliding-window models)."""
+        self.policy.step_built((s.num_computed, s.num_scheduled) for s in steps)
         host, storage = self._hit_tokens
         plan = StepPlan(loads=self._loads, async_loads=self._async)
         self._loads, self._async, self._hit_tokens = [], [], [0, 0]
@@ -480,6 +504,8 @@ class SchedulerSide:
             if self.windows is not None and window_ids_of is not None:
                 self._save_windows(plan, s.req_id, keys, st.saved_upto, full, window_ids_of, pins)
             st.saved_upto = full
+        stored = sum(1 for op in plan.saves if op.store)
+        self.policy.planned(writes=stored + sum(1 for op in plan.state_saves if op.store))
         return plan
 
     def _save_state(
@@ -545,7 +571,11 @@ class SchedulerSide:
         return self.index
 
     def on_events(self, events: Sequence[Event]) -> None:
+        self.policy.observe(events)
         for op, key, ok in self.agreement.add(events):
+            self.policy.planned(
+                host=-(op is Op.LOAD), reads=-(op is Op.READ), writes=-(op is Op.STORE)
+            )
             index = self._index(key)
             if op is Op.SAVE:
                 (index.ready if ok else index.drop)(key)
@@ -564,6 +594,8 @@ class SchedulerSide:
                     self._bad.add(key)
 
     def finished(self, req_id: str) -> None:
+        self.policy.step_ended()  # vLLM frees a request as it processes a step's output
+        self._declined.pop(req_id, None)
         self._reqs.pop(req_id, None)
         self._hits.pop(req_id, None)
         self._looked.pop(req_id, None)

@@ -3,7 +3,9 @@
 - SchedulerConnector: get_num_new_matched_tokens, update_state_after_alloc,
   get_external_cache_hit_sources, build_connector_meta, update_connector_output,
   request_finished, reset_cache, take_events (hicache.integrations.vllm.events: the tiers'
-  KV events, made only when vLLM's kv_events_config enables them). It reads
+  KV events, made only when vLLM's kv_events_config enables them). ``time_steps``: whether
+  the load policy times engine steps, false under vLLM's asynchronous scheduling
+  (hicache.integrations.vllm.load_policy). It reads
   vLLM's Request, KVCacheBlocks and SchedulerOutput and hands plain values (token ids, block
   ids, each block's extra keys through hicache.integrations.vllm.request_keys) to
   hicache.integrations.vllm.scheduler.SchedulerSide, which decides hits and plans.
@@ -21,6 +23,7 @@ from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage
 from hicache.integrations.vllm.events import TierEvents, describer
 from hicache.integrations.vllm.layout import Shape
+from hicache.integrations.vllm.load_policy import LoadPolicy
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.request_keys import prompt_tokens, request_extras
 from hicache.integrations.vllm.scheduler import Scheduled, SchedulerSide
@@ -49,6 +52,7 @@ class SchedulerConnector:
         stats: ConnectorStats,
         kv_events: bool = False,
         hash_block_size: int | None = None,
+        time_steps: bool = True,
     ) -> None:
         self.shape = shape
         self._requests: dict[str, Request] = {}
@@ -79,6 +83,7 @@ class SchedulerConnector:
             window_tokens=shape.layout.window_tokens,
             window_slots=shape.window_slots,
             null_blocks=shape.layout.attn_sliding,
+            policy=LoadPolicy(settings.load_policy, time_steps=time_steps),
         )
         self.storage_backend = settings.storage_backend
 
@@ -142,6 +147,7 @@ class SchedulerConnector:
         return HiCacheMetadata(plan)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self.side.policy.step_ended()  # vLLM processes the output of the step built last
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, HiCacheWorkerMetadata):
             self.side.on_events(meta.events.events)

@@ -1,7 +1,7 @@
 """The connector's settings: ``kv_connector_extra_config`` parsed and checked at start.
 
 - ConnectorSettings: host tier size, storage backend and its config, write policy, decode
-  saves, how hicache's metrics are exported (metrics_port, metrics), and the bound of every
+  saves, load policy (load or recompute), how hicache's metrics are exported (metrics_port, metrics), and the bound of every
   store call (deadline_s, grace_s: hicache.engine.bounded).
 - ConnectorSettings.from_extra_config(config, env=None): a mapping (vLLM's extra config) to
   settings; an unknown key or a bad value is one ConfigError naming the key, the value and what
@@ -32,6 +32,7 @@ from hicache.domain import ConfigError, StorageSettings
 from hicache.domain.errors import shown
 from hicache.domain.limits import MAX_BYTES, bounded_seconds, is_finite_number
 from hicache.domain.store_plugins import StorePlugin
+from hicache.integrations.vllm.load_policy import check_mode
 
 BACKENDS = ("directory", "mooncake", "dynamic")
 WRITE_POLICIES = ("write_through", "host_only")
@@ -47,6 +48,7 @@ KEYS = (
     "copy_backend",
     "deadline_s",
     "grace_s",
+    "load_policy",
 )
 SOURCE = "kv_connector_extra_config"
 METRICS_MODES = ("off", "register")
@@ -78,6 +80,8 @@ class ConnectorSettings:
     copy_backend: str = "auto"
     deadline_s: float = DEADLINE_S  # what one store call may take
     grace_s: float = GRACE_S  # how much longer vLLM waits for a store past its deadline
+    # load or recompute (hicache.integrations.vllm.load_policy): measured, always, never
+    load_policy: str = "measured"
 
     @property
     def host_bytes(self) -> int:
@@ -212,6 +216,7 @@ class ConnectorSettings:
                 out[name] = bounded_seconds(
                     config[name], f"kv_connector_extra_config {shown(name)}", positive=True
                 )
+        out["load_policy"] = check_mode(config.get("load_policy", "measured"))
         _layer_hicache_config(config, out, os.environ if env is None else env)
         settings = cls(**out)
         storage = settings.storage()  # hicache's own checks of the backend and its extra config

@@ -3,7 +3,8 @@
 - ConnectorStats: ``add(name, amount)``, ``take()`` (the counts since the last take, reset),
   ``snapshot()`` (without reset). Names (see docs/vllm.md): hit_tokens_host,
   hit_tokens_storage, load_bytes, load_s, load_errors, save_bytes, save_s, save_errors,
-  store_bytes, store_s, store_errors, read_bytes, read_errors, unkeyable_requests.
+  store_bytes, store_s, store_errors, read_bytes, read_errors, unkeyable_requests,
+  declined_tokens.
 
 - ``lookup`` / ``load`` / ``save`` / ``error``: the same events for hicache's own metrics, an
   IntegrationCounters (source ``vllm``; hicache.metrics.integration) the connector's process
@@ -35,6 +36,7 @@ NAMES = (
     "read_bytes",
     "read_errors",
     "unkeyable_requests",  # requests not cached: extra keys hicache cannot encode
+    "declined_tokens",  # hit tokens not offered: faster to recompute (load_policy)
 )
 
 

@@ -324,11 +324,12 @@ class WorkerTransfers:
         elif plan.state_saves:
             self.stats.add("save_errors", len(plan.state_saves))
         ok = not load_excs  # vLLM was told of the failed blocks when the step ended
-        for op in plan.loads:
-            events.extend(Event(Op.LOAD, k, ok, self.page_bytes) for k in op.keys)
         n = sum(len(op.keys) for op in plan.loads)
+        load_s = sum(ev.elapsed_s() or 0.0 for ev in step.loads.values()) if n else 0.0
+        share = load_s / n if n and ok else 0.0  # each page's share (the load policy's figure)
+        for op in plan.loads:
+            events.extend(Event(Op.LOAD, k, ok, self.page_bytes, share) for k in op.keys)
         if n:
-            load_s = sum(ev.elapsed_s() or 0.0 for ev in step.loads.values())
             self.stats.add("load_s", load_s)
             self.stats.add("load_bytes" if ok else "load_errors", self.page_bytes * n if ok else n)
             self.stats.load(
@@ -446,7 +447,8 @@ class WorkerTransfers:
                     if not s.ok:
                         self.stats.error("put", s.value)
         good = sum(oks)
-        self.stats.add("store_s", time.perf_counter() - t0)
+        store_s = time.perf_counter() - t0
+        self.stats.add("store_s", store_s)
         self.stats.add(
             "store_bytes",
             sum(self.tier.nbytes(op.key) for op, ok in zip(saves, oks, strict=True) if ok),
@@ -456,7 +458,7 @@ class WorkerTransfers:
         self._report_when(
             settled,
             [
-                Event(Op.STORE, op.key, ok, self.tier.nbytes(op.key))
+                Event(Op.STORE, op.key, ok, self.tier.nbytes(op.key), store_s / len(saves))
                 for op, ok in zip(saves, oks, strict=True)
             ],
         )
@@ -483,6 +485,7 @@ class WorkerTransfers:
         reads = [i for i, s in enumerate(from_storage) if s]
         status: dict[int, bool] = {}
         settled: Future[Any] | None = None  # done once the store no longer writes the slots
+        read_s = 0.0
         if reads:
             assert self.store is not None
             try:
@@ -501,6 +504,7 @@ class WorkerTransfers:
                     for s in answer.value:
                         if not s.ok:
                             self.stats.error("get", s.value)
+            read_s = time.perf_counter() - t0
         good = 0
         while good < len(op.keys) and status.get(good, True):
             good += 1
@@ -513,6 +517,7 @@ class WorkerTransfers:
         if op.all_or_nothing and not whole:
             good = 0  # a hybrid hit without all of its pages, windows and state is no hit
         copied = True
+        t_copy = time.perf_counter()
         try:
             if good:
                 self._copy_pages(op.slots[:good], op.blocks[:good])
@@ -534,15 +539,20 @@ class WorkerTransfers:
             seconds=seconds,
             ok=good == len(op.keys) and not (op.all_or_nothing and not whole),
         )
+        copy_s = (time.perf_counter() - t_copy) / good if good and copied else 0.0
+        read_share = read_s / len(reads) if reads else 0.0
         events = [
-            Event(Op.READ, keys[i], ok, self.tier.nbytes(keys[i])) for i, ok in status.items()
+            Event(Op.READ, keys[i], ok, self.tier.nbytes(keys[i]), read_share)
+            for i, ok in status.items()
         ]
         # LOAD ends each slot's pin; it fails only where a copy failed (a page after a failed
         # read is fine on host, just not loaded: the READ events say which pages are broken).
         # The read slots' LOADs wait until the store call ended (it may still write them).
         late = settled is not None and not settled.done()
         events += [
-            Event(Op.LOAD, k, copied) for i, k in enumerate(keys) if not late or i not in status
+            Event(Op.LOAD, k, copied, 0, copy_s if i < good else 0.0)
+            for i, k in enumerate(keys)
+            if not late or i not in status
         ]
         failed = op.all_or_nothing and not whole
         with self._lock:
