@@ -157,3 +157,13 @@ def test_page_cost_is_an_ewma_of_seconds_per_page() -> None:
     assert c.per_page_s == pytest.approx(0.55)
     c.observe(0, 5.0)  # nothing transferred: no sample
     assert c.samples == 2
+
+
+def test_steps_of_one_size_put_their_cost_on_the_tokens() -> None:
+    """Repeats of one prompt cannot tell fixed from per-token cost: the fit must still say a
+    prompt of that size costs what its steps took (not that its tokens are free)."""
+    m = PrefillModel()
+    for _ in range(3):
+        m.observe(4096, attention_work(4096, 0), 1.5)
+    assert m.step_s(4096, attention_work(4096, 0)) == pytest.approx(1.5)
+    assert m.saved(0, 4096) == pytest.approx(1.5)

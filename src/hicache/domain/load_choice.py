@@ -125,8 +125,10 @@ class PrefillModel:
 
     def _fit(self) -> tuple[float, float, float]:
         best: tuple[float, tuple[float, float, float]] | None = None
+        # the per-token terms first: where the steps cannot tell them from the fixed cost
+        # (every step of one size), a prompt's cost is put on its tokens, not on the step
         for size in (3, 2, 1):
-            for subset in itertools.combinations(range(3), size):
+            for subset in sorted(itertools.combinations(range(3), size), key=lambda s: 0 in s):
                 m = [[self._xtx[i][j] for j in subset] for i in subset]
                 sol = _solve(m, [self._xty[i] for i in subset])
                 if sol is None or any(s < 0 for s in sol):
@@ -135,7 +137,7 @@ class PrefillModel:
                 for i, s in zip(subset, sol, strict=True):
                     beta[i] = s
                 rss = self._rss(beta)
-                if best is None or rss < best[0] - 1e-15:
+                if best is None or rss < best[0] - 1e-9 * abs(best[0]) - 1e-15:
                     best = (rss, (beta[0], beta[1], beta[2]))
         return best[1] if best is not None else (0.0, 0.0, 0.0)
 
