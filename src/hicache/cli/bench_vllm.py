@@ -2,7 +2,12 @@
 own prefix cache and vLLM's ExampleConnector (hicache.integrations.vllm.bench; imported only
 when the command runs, so the cli never needs vLLM).
 
-JSON: {"model", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache", "hicache_host",
+With --slow-store (hicache.integrations.vllm.bench_load_policy), JSON: {"model",
+"prompt_tokens", "read_mib_s", "repeats", "fast_host" and "slow_store": {"ttft_ms": {"measured",
+"always", "never"}, "runs_ms", "hit_tokens", "measured_vs_best", "measured_vs_always",
+"measured_vs_never"}, "targets_met", "load_average"}.
+
+Otherwise, JSON: {"model", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache", "hicache_host",
 "hicache_storage", "example_connector"}, "ratios", "decode_ms_per_token": {"no_connector",
 "hicache_save_decode", "example_connector"}, "decode_wall_ms_per_token", "load_average",
 "hit_tokens", "tokens_identical"}.
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -51,6 +57,19 @@ def register(sub: Any) -> None:
     p.add_argument("--tokens", type=int, default=24, help="greedy tokens compared")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; medians are reported")
     p.add_argument("--host-gib", type=float, default=1.0, help="host tier GiB")
+    p.add_argument(
+        "--slow-store",
+        action="store_true",
+        help="instead: TTFT with load_policy measured, always and never, over the fast host "
+        "tier and over a store whose reads are throttled to --read-mib-s "
+        "(hicache.integrations.vllm.bench_load_policy)",
+    )
+    p.add_argument(
+        "--read-mib-s",
+        type=float,
+        default=4.0,
+        help="with --slow-store: the store's read bandwidth, MiB/s",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -72,8 +91,12 @@ def run(args: argparse.Namespace) -> int:
     model = Path(args.model_dir) if args.model_dir else None
     if model is not None and not (model / "config.json").is_file():
         raise ConfigError(f"--model {args.model_dir!r}: expected a folder holding config.json")
+    read = args.read_mib_s
+    if not (isinstance(read, float) and math.isfinite(read) and 0 < read <= 1 << 20):
+        raise ConfigError(f"--read-mib-s must be a number in (0, 1048576], got {read!r}")
     try:
         from hicache.integrations.vllm.bench import run_bench
+        from hicache.integrations.vllm.bench_load_policy import run_load_policy_bench
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ConfigError(
             f"hicache bench vllm needs vLLM ({e}): pip install 'hicache[vllm]'"
@@ -83,19 +106,31 @@ def run(args: argparse.Namespace) -> int:
     saved = os.dup(1)
     os.dup2(2, 1)
     try:
-        doc = run_bench(
-            model=model,
-            prompt_tokens=prompt,
-            tokens=tokens,
-            repeats=repeats,
-            host_gib=args.host_gib,
-            kind=args.model_kind,
-        )
+        if args.slow_store:
+            doc = run_load_policy_bench(
+                model=model,
+                prompt_tokens=prompt,
+                repeats=repeats,
+                host_gib=args.host_gib,
+                read_mib_s=read,
+                kind=args.model_kind,
+            )
+        else:
+            doc = run_bench(
+                model=model,
+                prompt_tokens=prompt,
+                tokens=tokens,
+                repeats=repeats,
+                host_gib=args.host_gib,
+                kind=args.model_kind,
+            )
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-    if args.json:
+    if args.slow_store:
+        _print_load_policy(doc, as_json=args.json)
+    elif args.json:
         json.dump(doc, sys.stdout)
         sys.stdout.write("\n")
     else:
@@ -106,3 +141,15 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(f"ratios: {doc['ratios']}\n")
         sys.stdout.write(f"tokens identical: {doc['tokens_identical']}\n")
     return 0
+
+
+def _print_load_policy(doc: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    for case in ("fast_host", "slow_store"):
+        ttft = doc[case]["ttft_ms"]
+        shown = "  ".join(f"{p} {ms:.1f} ms" for p, ms in ttft.items())
+        sys.stdout.write(f"{case:10s} {shown}  measured/best {doc[case]['measured_vs_best']}\n")
+    sys.stdout.write(f"targets met: {doc['targets_met']}\n")
