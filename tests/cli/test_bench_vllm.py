@@ -20,6 +20,8 @@ from hicache.cli import main
         (["--tokens", "-1"], "--tokens"),
         (["--host-gib", "0"], "--host-gib"),
         (["--model-kind", "mamba"], "--model-kind"),
+        (["--slow-store", "--read-mib-s", "0"], "--read-mib-s"),
+        (["--slow-store", "--read-mib-s", "nan"], "--read-mib-s"),
     ],
 )
 def test_bad_option_exits_2_with_one_line_naming_it(
