@@ -41,11 +41,14 @@ def test_planning_loads_without_torch(module: str) -> None:
     assert "torch" not in loaded
 
 
-def test_the_vllm_bench_loads_neither_torch_nor_vllm_until_it_runs() -> None:
+@pytest.mark.parametrize(
+    "module", ["hicache.integrations.vllm.bench", "hicache.integrations.vllm.bench_load_policy"]
+)
+def test_the_vllm_bench_loads_neither_torch_nor_vllm_until_it_runs(module: str) -> None:
     # bench vllm imports vLLM (and transformers, torch) only inside the functions that run it,
     # so the command line can list it without vLLM installed.
-    loaded = modules_after_import("hicache.integrations.vllm.bench")
-    assert "hicache.integrations.vllm.bench" in loaded
+    loaded = modules_after_import(module)
+    assert module in loaded
     assert not {m for m in loaded if m.split(".")[0] in ("torch", "vllm", "transformers")}
 
 

@@ -1,0 +1,62 @@
+"""`hicache bench vllm --slow-store` end to end on a real vLLM (a short run): its JSON document,
+and that the baselines did what they say (always loads every hit, never loads none)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integrations.vllm.real_vllm import ROOT, child_env
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+POLICIES = {"measured", "always", "never"}
+
+
+def test_slow_store_bench_reports_every_policy_in_both_cases(tiny_llama: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hicache",
+            "bench",
+            "vllm",
+            "--slow-store",
+            "--model",
+            str(tiny_llama),
+            "--prompt-tokens",
+            "256",
+            "--repeats",
+            "1",
+            "--read-mib-s",
+            "64",
+            "--json",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    doc = json.loads(proc.stdout)
+    assert doc["prompt_tokens"] == 256
+    assert doc["read_mib_s"] == 64
+    for case in ("fast_host", "slow_store"):
+        got = doc[case]
+        assert set(got["ttft_ms"]) == POLICIES
+        assert all(ms > 0 for ms in got["ttft_ms"].values())
+        assert {p: len(r) for p, r in got["runs_ms"].items()} == dict.fromkeys(POLICIES, 1)
+        # the block size is 32: the hit is every full block but the one holding the last token
+        assert got["hit_tokens"]["always"] == [224]
+        assert got["hit_tokens"]["never"] == [0]
+        assert got["measured_vs_best"] > 0
+    assert set(doc["targets_met"]) == {
+        "fast_host_within_5pct_of_best",
+        "slow_store_within_5pct_of_best",
+        "slow_store_better_than_always",
+    }
