@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hicache.integrations.vllm.bench import make_tiny_llama
 from tests.integrations.vllm.real_vllm import ROOT, child_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -17,7 +18,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 POLICIES = {"measured", "always", "never"}
 
 
-def test_slow_store_bench_reports_every_policy_in_both_cases(tiny_llama: Path) -> None:
+def test_slow_store_bench_reports_every_policy_in_both_cases(tmp_path: Path) -> None:
+    model = make_tiny_llama(tmp_path / "model")  # 2 layers, hidden 256; the bench's lengths
     proc = subprocess.run(
         [
             sys.executable,
@@ -27,7 +29,7 @@ def test_slow_store_bench_reports_every_policy_in_both_cases(tiny_llama: Path) -
             "vllm",
             "--slow-store",
             "--model",
-            str(tiny_llama),
+            str(model),
             "--prompt-tokens",
             "256",
             "--repeats",
