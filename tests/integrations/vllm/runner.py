@@ -5,7 +5,7 @@
 ids] | {"tokens": [token ids], "salt": cache_salt, "lora": adapter name}, ...], "loras":
 {adapter name: folder} (LoRA adapters: the LLM needs "enable_lora": true), "phases": [...]};
 each phase starts one LLM (``connector``: the
-kv_connector_extra_config, or null for none; ``llm``: more keyword arguments, over the spec's)
+kv_connector_extra_config, or null for none; ``load_policy`` is "always" unless it says; ``llm``: more keyword arguments, over the spec's)
 and runs its ``steps``: ["gen", [prompt indexes]] | ["followup", i, n] (the next turn of a
 chat: prompt i, its last output and n more tokens) | ["reset"] (vLLM's prefix cache) |
 ["reset_all"] (and hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's
@@ -107,6 +107,9 @@ def _llm(
 
     kv = None
     if connector is not None:
+        # every hit loaded unless the spec says otherwise: the tests count hits exactly, and
+        # load_policy "measured" would make them depend on this machine's timings
+        connector = {"load_policy": "always", **connector}
         module = (
             "hicache.integrations.vllm"
             if name == "HiCacheConnector"

@@ -187,8 +187,9 @@ class Harness:
 
     ``store``: "directory" (HarnessStore over ``root``/store) or None (host tier only);
     ``host_pages``: the connector's host tier in pages; ``num_blocks``: vLLM's KV blocks;
-    ``extra``: more kv_connector_extra_config keys; ``kv_events``: vLLM's KV events on
-    (``published``: every event vLLM's scheduler published, its GPU tier's and the connector's).
+    ``extra``: more kv_connector_extra_config keys (``load_policy`` is "always" unless given);
+    ``kv_events``: vLLM's KV events on (``published``: every event vLLM's scheduler published,
+    its GPU tier's and the connector's).
     """
 
     def __init__(
@@ -209,7 +210,12 @@ class Harness:
         self.model = KVModel(layers)
         self.control = StoreControl()
         self._store_id = sched_store.register(self.control)
-        connector: dict[str, Any] = {"host_gib": host_gib(host_pages, layers)}
+        # load_policy "always" unless ``extra`` says: the compute here is fake (nearly free),
+        # so "measured" would decline every hit
+        connector: dict[str, Any] = {
+            "host_gib": host_gib(host_pages, layers),
+            "load_policy": "always",
+        }
         if store == "directory":
             connector |= {
                 "storage_backend": "dynamic",
