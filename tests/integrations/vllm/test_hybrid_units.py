@@ -13,8 +13,10 @@ import torch
 from hicache.adapters.storage import DirectorySettings, DirectoryStore
 from hicache.domain import DeviceError
 from hicache.domain.keys import chain_keys
+from hicache.domain.load_choice import attention_work
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage
+from hicache.integrations.vllm.load_policy import LoadPolicy
 from hicache.integrations.vllm.plan import (
     Event,
     LoadOp,
@@ -247,3 +249,21 @@ def test_a_failed_state_read_fails_the_request_and_copies_nothing(tmp_path: Path
     loads = {e.key: e.ok for e in w.drain_events() if e.op is Op.LOAD}
     assert loads == {b"p" * 32: True, op.state.key: True}  # pins end; the pages are fine
     w.close()
+
+
+def test_a_hybrid_hit_not_worth_loading_is_declined_whole() -> None:
+    """load_policy measured on a hybrid model: the hit ends at a state, so it is offered whole
+    or not at all (here host copies slower than computing the tokens)."""
+    s = side()
+    s.match("a", PROMPT, 0)
+    run_step(s, "a", PROMPT, 0, 8)  # state at boundary 2
+    assert s.match("b", PROMPT, 0) == (8, True)
+    policy = LoadPolicy("measured", clock=lambda: 0.0)
+    policy.prefill.observe(64, attention_work(64, 0), 0.064)  # 1 ms a token
+    policy.host.per_page_s = 1.0  # a block of 4 tokens takes 250x its compute to copy
+    s.policy = policy
+    assert s.match("c", PROMPT, 0) == (0, False)
+    s.after_alloc("c", [], 0)
+    assert s.stats.snapshot()["declined_tokens"] == 8
+    policy.host.per_page_s = 0.0001
+    assert s.match("d", PROMPT, 0) == (8, True)

@@ -183,3 +183,18 @@ def test_never_offers_nothing_but_still_saves() -> None:
     assert s.match("a", PROMPT, 0) == (0, False)
     plan = s.build([Scheduled("a", PROMPT, 0, len(PROMPT))], lambda _r: list(range(11)))
     assert len(plan.saves) == 6  # the blocks the host tier lacks are saved
+
+
+def test_never_asks_the_store_nothing() -> None:
+    class Counting(Exists):
+        asked = 0
+
+        def exists(self, keys, *, deadline=None):  # type: ignore[no-untyped-def]
+            Counting.asked += len(keys)
+            return super().exists(keys, deadline=deadline)
+
+    store = Counting()
+    s = side_with(LoadPolicy(mode="never"), store, ConnectorStats())
+    host_then_store(s, store, 0)
+    assert s.match("a", PROMPT, 0) == (0, False)
+    assert Counting.asked == 0

@@ -218,7 +218,7 @@ class SchedulerSide:
             st = self._reqs[req_id] = _Request(len(prompt))
         # The latest reader of the request's extras (a streaming session's later items).
         st.extras = extras
-        if limit <= start or st.unkeyable:
+        if limit <= start or st.unkeyable or self.policy.mode == "never":  # never: no lookup
             return 0, False
         keys = self._keys(req_id, prompt, limit, len(prompt))
         if not keys:  # unkeyable
