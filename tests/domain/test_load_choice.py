@@ -167,3 +167,13 @@ def test_steps_of_one_size_put_their_cost_on_the_tokens() -> None:
         m.observe(4096, attention_work(4096, 0), 1.5)
     assert m.step_s(4096, attention_work(4096, 0)) == pytest.approx(1.5)
     assert m.saved(0, 4096) == pytest.approx(1.5)
+
+
+def test_decode_steps_between_prefills_do_not_wash_out_the_prefill_figure() -> None:
+    """Forgetting follows tokens computed: a thousand one-token steps after a prefill leave
+    its figure nearly whole (per-step forgetting would leave almost nothing of it)."""
+    m = PrefillModel()
+    m.observe(4096, attention_work(4096, 0), 2.0)
+    for i in range(1000):
+        m.observe(1, attention_work(1, 4096 + i), 0.02)
+    assert m.saved(0, 4096) == pytest.approx(2.0 - 0.02, rel=0.1)

@@ -6,8 +6,9 @@
   from observed steps: ``seconds = a + b * tokens + c * attention`` where ``attention`` is the
   sum over the step's requests of ``n * (context + n / 2)`` (n tokens computed after
   ``context`` tokens already held: attention grows with the context). Non-negative least squares
-  over decayed sums (old steps weigh less); ``saved(n, h)``: the seconds saved by not computing
-  tokens ``[n, n + h)`` of a prompt (``b * h + c * h * (n + h / 2)``), None until fitted.
+  over decayed sums (old steps weigh less, by the tokens computed since); ``saved(n, h)``: the
+  seconds saved by not computing tokens ``[n, n + h)`` of a prompt (``b * h + c * h * (n + h /
+  2)``), None until fitted.
 - choose_end(...): of a hit split into a host run and a store run, the end (in blocks) that
   gains most: compute saved minus load time, where a load costs the tier's queued work plus
   its pages at the tier's seconds per page; the store run also pays the host copy and a fixed
@@ -29,8 +30,11 @@ import attrs
 
 # Weight of the newest sample in a tier's EWMA of seconds per page.
 EWMA_ALPHA = 0.3
-# Per observed step, older steps' weight in the prefill fit is multiplied by this.
+# Older steps' weight in the prefill fit is multiplied by PREFILL_DECAY per DECAY_TOKENS tokens
+# computed since: forgetting follows work done, so the many one-token decode steps between two
+# prefills do not wash the prefills' figure out.
 PREFILL_DECAY = 0.98
+DECAY_TOKENS = 1024
 # Attention work is counted in thousands of token pairs (keeps the fit's sums well scaled).
 ATTENTION_UNIT = 1000.0
 
@@ -100,7 +104,7 @@ class PrefillModel:
         if tokens <= 0 or seconds <= 0:
             return
         x = (1.0, float(tokens), float(attention))
-        d = self.decay
+        d = self.decay ** (tokens / DECAY_TOKENS)
         for i in range(3):
             self._xty[i] = d * self._xty[i] + x[i] * seconds
             for j in range(3):
