@@ -5,7 +5,8 @@ when the command runs, so the cli never needs vLLM).
 With --slow-store (hicache.integrations.vllm.bench_load_policy), JSON: {"model",
 "prompt_tokens", "read_mib_s", "repeats", "fast_host" and "slow_store": {"ttft_ms": {"measured",
 "always", "never"}, "runs_ms", "hit_tokens", "measured_vs_best", "measured_vs_always",
-"measured_vs_never", "faster_baseline", "measured_loads_like_faster_baseline"}, "targets_met",
+"measured_vs_never", "faster_baseline", "measured_vs_faster_paired",
+"measured_loads_like_faster_baseline"}, "targets_met",
 "load_average"}.
 
 Otherwise, JSON: {"model", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache", "hicache_host",

@@ -58,6 +58,7 @@ def test_slow_store_bench_reports_every_policy_in_both_cases(tmp_path: Path) -> 
         assert got["hit_tokens"]["never"] == [0]
         assert got["measured_vs_best"] > 0
         assert got["faster_baseline"] in {"always", "never"}
+        assert got["measured_vs_faster_paired"] > 0
         assert isinstance(got["measured_loads_like_faster_baseline"], bool)
     assert set(doc["targets_met"]) == {
         "fast_host_within_5pct_of_best",
