@@ -20,11 +20,12 @@ Before each timed run a short prompt runs twice, 0.3 s apart, so that the previo
 writes end and are reported (a page being written stays pinned, and would survive the host
 tier's reset). Figures are medians of the timed runs (every run is reported too: with
 ``measured`` the first slow-store run loads, measuring the store, and the later ones decline
-it). ``measured_vs_best`` is measured / min(always, never); ``measured_vs_faster_paired`` is the median over repeats of measured / the faster baseline
-in the same repeat (the three runs of a repeat are seconds apart: slower load swings cancel);
-``measured_loads_like_faster_baseline`` says whether, after its first run, measured loaded exactly the tokens the faster of always and
-never loaded (the choice, free of timing noise); the targets: within 5% of the better
-of the two in both cases, and better than always on the slow store.
+it). ``measured_vs_best`` is measured / min(always, never); ``measured_vs_faster_paired`` is
+the median over repeats of measured / the faster baseline in the same repeat (the three runs of
+a repeat are seconds apart: slower load swings cancel); ``measured_loads_like_faster_baseline``
+says whether, after its first run, measured loaded exactly the tokens the faster of always and
+never loaded (the choice, free of timing noise). The targets: within 5% of the better of the
+two in both cases, and better than always on the slow store.
 """
 
 from __future__ import annotations
