@@ -109,7 +109,8 @@ def _llm(
     if connector is not None:
         # every hit loaded unless the spec says otherwise: the tests count hits exactly, and
         # load_policy "measured" would make them depend on this machine's timings
-        connector = {"load_policy": "always", **connector}
+        if name == "HiCacheConnector":
+            connector = {"load_policy": "always", **connector}
         module = (
             "hicache.integrations.vllm"
             if name == "HiCacheConnector"
