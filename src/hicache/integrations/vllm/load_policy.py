@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from hicache.domain import ConfigError
+from hicache.domain.errors import shown
 from hicache.domain.load_choice import (
     HitCosts,
     PageCost,
@@ -46,7 +47,7 @@ EXPLORE_EVERY = 32
 def check_mode(value: object) -> str:
     if value not in MODES:
         raise ConfigError(
-            f"kv_connector_extra_config 'load_policy' = {value!r}: expected one of "
+            f"kv_connector_extra_config 'load_policy' = {shown(value)}: expected one of "
             f"{', '.join(MODES)}"
         )
     return str(value)

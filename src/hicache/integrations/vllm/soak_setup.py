@@ -141,6 +141,9 @@ def vllm_config(root: Path, soak_id: str) -> VllmConfig:
         },
         "deadline_s": DEADLINE_S,
         "grace_s": DEADLINE_S,
+        # every hit loaded: the compute here is fake (nearly free), so load_policy "measured"
+        # would decline the hits and leave the load and read paths under faults unexercised
+        "load_policy": "always",
     }
     config = VllmConfig(
         model_config=ModelConfig(
