@@ -239,3 +239,31 @@ def test_a_failed_load_copy_reports_its_blocks_when_the_step_ends() -> None:
     w.wait_saves()
     assert sorted((e.op.value, e.ok) for e in w.drain_events()) == [("load", False)] * 2
     w.close()
+
+
+def test_store_writes_still_pending_at_interpreter_exit_are_written_by_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import concurrent.futures.thread as cf_thread
+
+    c = caches()
+    store = DirectoryStore(DirectorySettings(root=tmp_path))
+    w = transfers(c, store)
+    w.start_step(StepPlan(saves=[SaveOp("r", key(1), 0, 1, True)]))
+    w.finish_step()
+    # Python's exit stops new thread-pool work before vLLM's exit hook closes the connector:
+    # the settling of this step's saves in close() must still write the page to the store.
+    monkeypatch.setattr(cf_thread, "_shutdown", True)
+    w.close()
+    assert {(e.op, e.ok) for e in w.drain_events()} == {(Op.SAVE, True), (Op.STORE, True)}
+    monkeypatch.undo()
+    c2 = caches()
+    assert not torch.equal(c2["layer.0"][6], c["layer.0"][1])
+    w2 = transfers(c2, store)  # a new process: the page comes from the store
+    w2.start_step(StepPlan(async_loads=[LoadOp("q", (key(1),), (2,), (6,), (True,))]))
+    w2.finish_step()
+    w2.wait_idle()
+    assert w2.drain_errors() == set()
+    for n in c:
+        assert torch.equal(c2[n][6], c[n][1])
+    w2.close()

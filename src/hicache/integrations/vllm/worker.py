@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import torch
@@ -63,6 +63,8 @@ from hicache.integrations.vllm.worker_parts import (
     host_memory_for,
     open_worker_streams,
 )
+
+_T = TypeVar("_T")
 
 
 @attrs.define
@@ -210,7 +212,27 @@ class WorkerTransfers:
                     Direction.LOAD, self._loader(step, name, slots, blocks)
                 )
         for op in step.plan.async_loads:
-            self._pending_io.append(self._io.submit(self._async_load, op))
+            self._pending_io.append(self._background(self._async_load, op))
+
+    def _background(self, fn: Callable[[_T], None], arg: _T) -> Future[None]:
+        """Run ``fn(arg)`` on the store thread; inline once no thread can start any more.
+
+        At interpreter exit Python's concurrent.futures refuses new work ("cannot schedule new
+        futures after interpreter shutdown") before vLLM's exit hook closes the connector; the
+        store writes and reads that close() settles then run here, each bounded by the storage
+        tier's deadline, so their pins are released and their events reported as usual.
+        """
+        try:
+            return self._io.submit(fn, arg)
+        except RuntimeError:
+            done: Future[None] = Future()
+            try:
+                fn(arg)
+            except BaseException as e:  # reported through the future, as from the thread
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+            return done
 
     def wait_layer(self, name: str) -> None:
         """Make vLLM's compute wait for this step's loads of layer ``name`` (CUDA: the current
@@ -309,7 +331,7 @@ class WorkerTransfers:
             self.stats.add("save_bytes", self.page_bytes * len(plan.saves))
             stored: list[SaveOp | StateSave] = [op for op in plan.saves if op.store]
             if stored and self.store is not None:
-                self._pending_io.append(self._io.submit(self._store_pages, stored))
+                self._pending_io.append(self._background(self._store_pages, stored))
         elif plan.saves:
             self.stats.add("save_errors", len(plan.saves))
         for ss in plan.state_saves:
@@ -320,7 +342,7 @@ class WorkerTransfers:
             self.stats.add("save_bytes", sum(self.tier.nbytes(ss.key) for ss in plan.state_saves))
             stored_states: list[SaveOp | StateSave] = [op for op in plan.state_saves if op.store]
             if stored_states and self.store is not None:
-                self._pending_io.append(self._io.submit(self._store_pages, stored_states))
+                self._pending_io.append(self._background(self._store_pages, stored_states))
         elif plan.state_saves:
             self.stats.add("save_errors", len(plan.state_saves))
         ok = not load_excs  # vLLM was told of the failed blocks when the step ended
