@@ -17,68 +17,38 @@ call is still running every call is refused at once, so a dead or stalled store 
 them, and ``close`` returns within the same bound. Pages are stored in SGLang's flat page
 order whatever path moves them (hicache.integrations.sglang.pages). Importing this module imports
 SGLang; nothing else in hicache does (an import-linter contract keeps it so).
+
+This module is SGLang's interface: the calls' arguments checked, then handed on to
+- tiers (BackendTiers): the store, its bounded per-pool tiers and metrics exports; ``close``;
+- moves (PageMoves): the one read path and one write path (zero-copy or staged/flat pages);
+- v2: the hybrid side pools' calls (hit policies, per-pool transfers);
+- stats: SGLang's ``get_stats`` window and hicache's ``statistics()``.
 """
 
 from __future__ import annotations
 
-import enum
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import attrs
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
-    PoolHitPolicy,
     PoolTransfer,
     PoolTransferResult,
 )
 
-from hicache.bootstrap.storage import open_named_store
 from hicache.domain.errors import ConfigError, shown
-from hicache.domain.pools import PoolName
-from hicache.domain.storage import PageBuffer, Store
-from hicache.engine.bounded import Answer, BoundedSettings, BoundedStorage, BoundedTier
-from hicache.engine.logs import get_logger
-from hicache.engine.storage_settings import StorageTierSettings
-from hicache.engine.storage_tier import StorageTier
-from hicache.integrations.sglang.arguments import (
-    flat_pages,
-    host_tokens,
-    one_key,
-    page_keys,
-    transfers_of,
-)
-from hicache.integrations.sglang.keys import page_key, pool_namespace
-from hicache.integrations.sglang.metrics import BackendMetrics
-from hicache.integrations.sglang.pages import PoolPages, tensor_bytes
+from hicache.domain.storage import Store
+from hicache.integrations.sglang.arguments import flat_pages, host_tokens, one_key, page_keys
+from hicache.integrations.sglang.moves import PageMoves
 from hicache.integrations.sglang.settings import BackendSettings
+from hicache.integrations.sglang.stats import CallWindow, backend_statistics
+from hicache.integrations.sglang.tiers import SGLANG_BATCH_PAGES, BackendPool, BackendTiers
+from hicache.integrations.sglang.v2 import exists_v2, move_v2
 
-log = get_logger("hicache.sglang")
-
-# SGLang sends at most this many pages per call (hicache_storage.STORAGE_BATCH_SIZE).
-SGLANG_BATCH_PAGES = 128
-
-
-@attrs.define
-class _Pool:
-    name: str
-    pages: PoolPages
-    calls: BoundedTier  # the pool's StorageTier (``calls.tier``), bounded
-    namespace: str
-    replicated: bool
-
-    @property
-    def tier(self) -> StorageTier:
-        return self.calls.tier
-
-
-def _plain(_inst: object, _field: object, value: Any) -> Any:
-    return value.value if isinstance(value, enum.Enum) else value
+__all__ = ["SGLANG_BATCH_PAGES", "HiCacheBackend"]
 
 
 class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
@@ -113,47 +83,23 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
             raise ConfigError(
                 f"HiCacheBackend: kwargs['store'] must be a hicache Store, got {shown(given)}"
             )
-        self.store: Store = (
-            given
-            if given is not None
-            else open_named_store(self.settings.store, self.settings.store_config)
+        self._tiers = BackendTiers(
+            self.settings, storage_config, given, zero_copy_only=self.zero_copy_only
         )
-        self._pools: dict[str, _Pool] = {}
-        self._lock = threading.Lock()
-        self._skipped_non_writer = 0
-        self._metrics: dict[str, list[float]] = {
-            "prefetch_pgs": [],
-            "backup_pgs": [],
-            "prefetch_bandwidth": [],
-            "backup_bandwidth": [],
-        }
-        try:
-            self._exports = BackendMetrics(
-                lambda: {name: p.tier for name, p in list(self._pools.items())},
-                port=self.settings.metrics_port,
-                register_global=self.settings.metrics,
-                tp_rank=int(getattr(storage_config, "tp_rank", 0) or 0),
-            )
-        except BaseException:
-            if given is None:
-                self.store.close()
-            raise
+        self.store: Store = self._tiers.store
+        self._exports = self._tiers.exports
         # hicache's metrics of this backend (docs/sglang.md, "Metrics"): a HiCacheMetrics a
         # framework may register itself; ``counters`` is its IntegrationCounters.
         self.metrics = self._exports.metrics
         self.counters = self._exports.counters
-        # Built last: it owns the store from here on (its close closes the store).
-        self._bounded = BoundedStorage(
-            self.store,
-            BoundedSettings(deadline_s=self.settings.deadline_s, grace_s=self.settings.grace_s),
-        )
-        self._closed = False
+        self._window = CallWindow()
+        self._moves = PageMoves(self.counters, self._window, storage_config)
 
     # -- registration -------------------------------------------------------------------------
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super().register_mem_pool_host(mem_pool_host)
-        self._add_pool("kv", mem_pool_host)
+        self._tiers.add("kv", mem_pool_host)
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         name = getattr(host_pool_name, "value", host_pool_name)
@@ -163,157 +109,19 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
                 "(SGLang's PoolName or a non-empty str)"
             )
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
-        existing = self._pools.get(name)
+        existing = self._tiers.pools.get(name)
         if existing is not None and existing.pages.pool is host_pool:
             return
-        self._add_pool(name, host_pool)
+        self._tiers.add(name, host_pool)
 
-    def _add_pool(self, name: str, pool: Any) -> None:
-        try:
-            pages = PoolPages(name, pool)
-        except (AttributeError, TypeError, ValueError) as e:
-            raise ConfigError(
-                f"HiCacheBackend: pool {shown(name)}: {shown(pool)} is not an SGLang host pool "
-                f"({type(e).__name__}: {e})"
-            ) from e
-        if pages.page_size <= 0 or pages.flat_nbytes <= 0:
-            raise ConfigError(
-                f"HiCacheBackend: pool {shown(name)}: page_size {pages.page_size} and page bytes "
-                f"{pages.flat_nbytes}: expected both > 0"
-            )
-        if self.zero_copy_only and not pages.zero_copy:
-            raise ConfigError(
-                f"HiCacheBackend: pool {shown(name)} ({type(pool).__name__}, layout "
-                f"{shown(pages.layout)}) has no zero-copy segments ({pages.copy_reason}): store "
-                f"{shown(self.settings.store)} cannot serve it; use a page_first layout or store "
-                "'directory'"
-            )
-        if pages.zero_copy:
-            # Zero-copy stores (Mooncake) must know the host memory first; others ignore it.
-            self.store.register(pages.regions())
-        namespace, replicated = pool_namespace(self.storage_config, name, pages.describe())
-        try:
-            internal = PoolName.parse(name)
-        except ConfigError:
-            internal = PoolName.KV
-        tier_settings = StorageTierSettings(
-            batch_pages=SGLANG_BATCH_PAGES,
-            max_concurrency=self.settings.max_concurrency,
-            call_deadline_s=self.settings.deadline_s,
-            breaker_threshold=self.settings.breaker_threshold,
-            breaker_cooldown_s=self.settings.breaker_cooldown_s,
-        )
-        calls = self._bounded.tier({internal: namespace}, [internal], tier_settings)
-        with self._lock:
-            self._pools[name] = _Pool(name, pages, calls, namespace, replicated)
-        log.info(
-            "sglang pool registered",
-            pool=name,
-            namespace=namespace,
-            zero_copy=pages.zero_copy,
-            copy_reason=pages.copy_reason,
-            page_bytes=pages.flat_nbytes,
-        )
-
-    def pool(self, name: str) -> _Pool:
-        found = self._pools.get(name)
-        if found is None:
-            raise ConfigError(
-                f"HiCacheBackend: pool {shown(name)} is not registered: expected one of "
-                f"{', '.join(sorted(self._pools)) or 'none (register_mem_pool_host first)'}"
-            )
-        return found
-
-    # -- running a tier call from an SGLang thread --------------------------------------------
-
-    def _answered(self, op: str, answer: Answer[Any]) -> bool:
-        """Count a call the bounded storage did not answer (closed, stuck, timeout)."""
-        if not answer.answered:
-            self.counters.count_error(operation=op, status=answer.outcome.value)
-        return answer.answered
+    def pool(self, name: str) -> BackendPool:
+        """The registered pool ``name`` (its pages, tier, namespace); ConfigError if none."""
+        return self._tiers.pool(name)
 
     @property
     def _stuck(self) -> int:
         """Store calls that overran ``deadline_s + grace_s`` and are still running."""
-        return self._bounded.stuck
-
-    # -- the page moves -----------------------------------------------------------------------
-
-    def _store_call(
-        self, op: str, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]
-    ) -> list[bool]:
-        """One bounded store call of ``op`` ("get" or "set"): per key, whether it moved;
-        SGLang's statistics and hicache's counters of it."""
-        if not keys:
-            return []
-        start = time.perf_counter()
-        store_keys = [page_key(k) for k in keys]
-        if op == "get":
-            answer = pool.calls.read(store_keys, buffers)
-        else:
-            answer = pool.calls.write(store_keys, buffers)
-        ok, answered = answer.value, self._answered(op, answer)
-        seconds = time.perf_counter() - start
-        moved = sum(ok)
-        self._note("prefetch" if op == "get" else "backup", pool, moved, seconds)
-        nbytes = moved * pool.pages.flat_nbytes
-        if op == "get":
-            self.counters.count_load(pages=moved, nbytes=nbytes, seconds=seconds, ok=answered)
-        else:
-            self.counters.count_save(
-                pages=moved, nbytes=nbytes, seconds=seconds, ok=answered and moved == len(keys)
-            )
-        return ok
-
-    def _get(
-        self,
-        pool: _Pool,
-        keys: Sequence[str],
-        buffers: list[PageBuffer],
-        finish: Callable[[list[bool]], None] | None = None,
-    ) -> list[bool]:
-        """The read path of every get call: read ``buffers``, then ``finish`` (staged pages
-        copied into the pool) with the per-key result."""
-        ok = self._store_call("get", pool, keys, buffers)
-        if finish is not None:
-            finish(ok)
-        return ok
-
-    def _set(self, pool: _Pool, keys: Sequence[str], buffers: list[PageBuffer]) -> list[bool]:
-        """The write path of every set call; a non-writer rank of a replicated pool stores
-        nothing and answers True (the writer rank stores the same bytes)."""
-        if pool.replicated and not self.storage_config.is_storage_writer:
-            with self._lock:
-                self._skipped_non_writer += len(keys)
-            return [True] * len(keys)
-        return self._store_call("set", pool, keys, buffers)
-
-    def _note(self, kind: str, pool: _Pool, pages: int, seconds: float) -> None:
-        if not pages:
-            return
-        with self._lock:
-            self._metrics[f"{kind}_pgs"].append(pages)
-            gbs = pages * pool.pages.flat_nbytes / max(seconds, 1e-9) / 1e9
-            self._metrics[f"{kind}_bandwidth"].append(gbs)
-
-    def _get_host(self, pool: _Pool, keys: Sequence[str], tokens: list[int]) -> list[bool]:
-        """Read pages into the pool at ``tokens``: in place (zero-copy) or through staging."""
-        if pool.pages.zero_copy:
-            return self._get(pool, keys, [pool.pages.segments(t) for t in tokens])
-        staging = [pool.pages.staging() for _ in tokens]
-
-        def fill(ok: list[bool]) -> None:
-            for t, page, good in zip(tokens, staging, ok, strict=True):
-                if good:
-                    pool.pages.fill_from(t, page)
-
-        return self._get(pool, keys, [[tensor_bytes(p)] for p in staging], fill)
-
-    def _set_host(self, pool: _Pool, keys: Sequence[str], tokens: list[int]) -> list[bool]:
-        """Write the pool's pages at ``tokens``: in place (zero-copy) or flat copies."""
-        if pool.pages.zero_copy:
-            return self._set(pool, keys, [pool.pages.segments(t) for t in tokens])
-        return self._set(pool, keys, [[pool.pages.flat_copy(t)] for t in tokens])
+        return self._tiers.stuck
 
     # -- v1: zero-copy by host indices --------------------------------------------------------
 
@@ -322,8 +130,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         checked = page_keys(keys, call)
         pool = self.pool("kv")
         tokens = host_tokens(host_indices, len(checked), pool.pages.page_size, pool.name, call)
-        move = self._get_host if op == "get" else self._set_host
-        return move(pool, checked, tokens)
+        return self._moves.host(op)(pool, checked, tokens)
 
     def batch_get_v1(
         self,
@@ -357,7 +164,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         buffers = flat_pages(
             target_locations, len(keys), pool.pages.flat_nbytes, pool.name, "target_locations"
         )
-        ok = self._get(pool, keys, buffers)
+        ok = self._moves.get(pool, keys, buffers)
         return [t if good else None for t, good in zip(target_locations, ok, strict=True)]
 
     def batch_set(
@@ -373,7 +180,7 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         if isinstance(values, list | tuple):
             values = [v.contiguous() if isinstance(v, torch.Tensor) else v for v in values]
         return all(
-            self._set(
+            self._moves.set(
                 pool,
                 keys,
                 flat_pages(values, len(keys), pool.pages.flat_nbytes, pool.name, "values"),
@@ -405,25 +212,9 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
         keys = page_keys(keys, "batch_exists")
         if not keys:
             return 0
-        pool = self.pool("kv")
-        answer = pool.calls.exists([page_key(k) for k in keys])
-        self._answered("exists", answer)
-        found = answer.value
-        self._count_lookup(pool, len(keys), found)
-        return found
+        return self._moves.exists(self.pool("kv"), keys)
 
-    def _count_lookup(self, pool: _Pool, pages: int, hit_pages: int) -> None:
-        ps = pool.pages.page_size
-        self.counters.count_lookup(tokens=pages * ps, hit_tokens={"storage": hit_pages * ps})
-
-    def _exists_each(self, pool: _Pool, keys: Sequence[str]) -> list[bool]:
-        if not keys:
-            return []
-        answer = pool.calls.exists_each([page_key(k) for k in keys])
-        self._answered("exists", answer)
-        return answer.value
-
-    # -- v2: hybrid side pools ----------------------------------------------------------------
+    # -- v2: hybrid side pools (hicache.integrations.sglang.v2) -------------------------------
 
     def batch_exists_v2(
         self,
@@ -433,127 +224,34 @@ class HiCacheBackend(HiCacheStorage):  # type: ignore[misc]
     ) -> PoolTransferResult:
         """The usable prefix under each side pool's hit policy (SGLang's file backend's rules):
         ``kv_hit_pages``, the pages each pool has, and the prefix lengths every pool can restore."""
-        keys = page_keys(keys, "batch_exists_v2")
-        pool_transfers = transfers_of(
-            [] if pool_transfers is None else pool_transfers, PoolTransfer, "batch_exists_v2"
-        )
-        kv = self._exists_each(self.pool("kv"), keys)
-        kv_pages = kv.index(False) if False in kv else len(kv)
-        hits: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
-        restorable = list(range(1, kv_pages + 1))
-        for transfer in pool_transfers or []:
-            if not restorable:
-                break
-            name = str(getattr(transfer.name, "value", transfer.name))
-            have = self._exists_each(self.pool(name), keys[:kv_pages])
-            if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
-                boundary = have.index(False) if False in have else kv_pages
-                allowed = set(range(1, boundary + 1))
-            elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
-                window = max(1, len(transfer.keys) if transfer.keys else 1)
-                allowed = {n for n in range(1, kv_pages + 1) if all(have[max(0, n - window) : n])}
-                boundary = max(allowed, default=0)
-            else:
-                raise ConfigError(
-                    f"HiCacheBackend: pool {shown(name)} hit policy {shown(transfer.hit_policy)} is not "
-                    "supported: expected all_pages or trailing_pages"
-                )
-            if boundary:
-                hits[name] = boundary
-            restorable = [n for n in restorable if n in allowed]
-        usable = restorable[-1] if restorable else 0
-        self._count_lookup(self.pool("kv"), len(keys), usable)
-        return PoolTransferResult(usable, hits, restorable)
-
-    def _v2(self, transfers: list[PoolTransfer], op: str) -> dict[str, list[bool]]:
-        out: dict[str, list[bool]] = {}
-        for transfer in transfers_of(transfers, PoolTransfer, f"batch_{op}_v2"):
-            name = str(getattr(transfer.name, "value", transfer.name))
-            pool = self.pool(name)
-            keys = page_keys(transfer.keys or [], f"batch_{op}_v2 pool {shown(name)}")
-            indices = transfer.host_indices
-            expected = len(keys) * pool.pages.page_size
-            if indices is None or (
-                isinstance(indices, torch.Tensor) and int(indices.numel()) != expected
-            ):
-                # SGLang's file backend answers all False (and logs) here; so do we.
-                log.error(
-                    "v2 host_indices length mismatch",
-                    op=op,
-                    pool=name,
-                    expected=expected,
-                    got=None if indices is None else int(indices.numel()),
-                )
-                self.counters.count_error(operation=op, status="bad_host_indices")
-                out[transfer.name] = [False] * len(keys)
-                continue
-            call = f"batch_{op}_v2 pool {shown(name)}"
-            tokens = host_tokens(indices, len(keys), pool.pages.page_size, pool.name, call)
-            move = self._get_host if op == "get" else self._set_host
-            out[transfer.name] = move(pool, keys, tokens)
-        return out
+        return exists_v2(self._tiers, self._moves, keys, pool_transfers)
 
     def batch_get_v2(
         self, transfers: list[PoolTransfer], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> dict[str, list[bool]]:
         """Per pool name, one bool per key (a leading run per pool)."""
-        return self._v2(transfers, "get")
+        return move_v2(self._tiers, self._moves, transfers, "get")
 
     def batch_set_v2(
         self, transfers: list[PoolTransfer], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> dict[str, list[bool]]:
         """Per pool name, one bool per key."""
-        return self._v2(transfers, "set")
+        return move_v2(self._tiers, self._moves, transfers, "set")
 
     # -- statistics and lifecycle -------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
         """hicache's statistics: per pool, the tier's (pages, bytes, calls, statuses, breaker)."""
-        pools = {
-            name: {
-                "namespace": p.namespace,
-                "replicated": p.replicated,
-                "zero_copy": p.pages.zero_copy,
-                "copy_reason": p.pages.copy_reason,
-                "page_bytes": p.pages.flat_nbytes,
-                "tier": attrs.asdict(p.tier.statistics(), value_serializer=_plain),
-            }
-            for name, p in list(self._pools.items())
-        }
-        bounded = self._bounded.statistics()
-        return {
-            "store": self.store.name,
-            "pools": pools,
-            "timed_out_calls": bounded.timed_out_calls,
-            "refused_while_stuck": bounded.refused_while_stuck,
-            "skipped_non_writer": self._skipped_non_writer,
-        }
+        return backend_statistics(self._tiers, self._moves.skipped_non_writer)
 
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics (pages and GB/s per call since the last get_stats), with
         hicache's statistics() as its ``hicache`` attribute."""
-        from sglang.srt.observability.metrics_collector import StorageMetrics
-
-        with self._lock:
-            drained = {k: list(v) for k, v in self._metrics.items()}
-            for v in self._metrics.values():
-                v.clear()
-        metrics = StorageMetrics(
-            prefetch_pgs=[int(x) for x in drained["prefetch_pgs"]],
-            backup_pgs=[int(x) for x in drained["backup_pgs"]],
-            prefetch_bandwidth=drained["prefetch_bandwidth"],
-            backup_bandwidth=drained["backup_bandwidth"],
-        )
+        metrics = self._window.drain()
         metrics.hicache = self.statistics()
         return metrics
 
     def close(self) -> None:
         """Stop the tiers' loop and close the store (BoundedStorage.close: within ``deadline_s
         + grace_s``, a stuck store call is left to finish); idempotent. Later calls miss."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._bounded.close()
-        finally:
-            self._exports.close()
+        self._tiers.close()
