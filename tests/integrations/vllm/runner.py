@@ -5,7 +5,9 @@
 ids] | {"tokens": [token ids], "salt": cache_salt, "lora": adapter name}, ...], "loras":
 {adapter name: folder} (LoRA adapters: the LLM needs "enable_lora": true), "phases": [...]};
 each phase starts one LLM (``connector``: the
-kv_connector_extra_config, or null for none; ``load_policy`` is "always" unless it says; ``llm``: more keyword arguments, over the spec's)
+kv_connector_extra_config, or null for none; ``load_policy`` is "always" unless it says;
+``llm``: more keyword arguments, over the spec's; ``tp``: its tensor parallel size, over the
+spec's; ``env``: environment variables set before it starts)
 and runs its ``steps``: ["gen", [prompt indexes]] | ["followup", i, n] (the next turn of a
 chat: prompt i, its last output and n more tokens) | ["reset"] (vLLM's prefix cache) |
 ["reset_all"] (and hicache's host tier) | ["flag", folder, name, text or null] (FaultyStore's
@@ -180,11 +182,12 @@ def run(spec: dict[str, object]) -> dict[str, object]:
     blocks: list[int] = []
     last: dict[int, list[int]] = {}  # prompt index -> its last output
     for phase in spec["phases"]:  # type: ignore[attr-defined]
+        os.environ.update(phase.get("env", {}))  # read by vLLM as it starts this phase's LLM
         llm = _llm(
             str(spec["model"]),
             phase.get("connector"),
             phase.get("name", "HiCacheConnector"),
-            int(spec.get("tp", 1)),
+            int(phase.get("tp", spec.get("tp", 1))),  # a phase may run at another TP size
             {**spec.get("llm", {}), **phase.get("llm", {})},  # type: ignore[dict-item]
         )
         # The attention block vLLM settled on (hybrid models: set by the state page's size).

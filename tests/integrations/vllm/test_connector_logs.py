@@ -102,7 +102,8 @@ def test_each_role_logs_one_start_line_with_its_tiers_store_and_keys(tmp_path: P
         assert e["state_slots"] == 0
         assert e["store"] == "dynamic"
         assert e["namespace"]
-        assert "kv-r<rank>" in e["keys"]
+        assert "kv-r<rank>of<tp>" in e["keys"]
+        assert e["tp_reads_heads"] == 1  # the harness's model: 1 KV head, read at any size
         assert (e["deadline_s"], e["grace_s"]) == (2.0, 1.0)
     assert started["worker"]["copier"] in ("memcpy", "torch")
     assert started["worker"]["rank"] == 0

@@ -49,6 +49,7 @@ from hicache.integrations.vllm.plan import store_key
 from hicache.integrations.vllm.scheduler_role import SchedulerConnector
 from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import NAMES, ConnectorStats
+from hicache.integrations.vllm.tp_sources import reader_keys
 from hicache.integrations.vllm.vllm_metrics import HiCachePromMetrics, HiCacheStats
 from hicache.integrations.vllm.worker_role import WorkerConnector
 
@@ -154,10 +155,11 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
     # ---- store keys ------------------------------------------------------------------------
 
     def _key(self, rank: int, page: bytes) -> StoreKey:
-        return store_key(self.shape.namespace, rank, page)
+        return store_key(self.shape.namespace, rank, page, self.shape.ranks)
 
     def _all_rank_keys(self, page: bytes) -> list[StoreKey]:
-        return [self._key(r, page) for r in range(self.shape.ranks)]
+        # every rank's object, or (a tagged key) those a server of another TP size stored
+        return reader_keys(self.shape.namespace, self.shape.ranks, self.shape.heads)(page)
 
     # ---- worker side -----------------------------------------------------------------------
 

@@ -7,7 +7,8 @@
   ConfigError for group layouts the connector cannot save.
 - Shape.of(vllm_config, kv_cache_config, settings): the Layout plus what follows from it and
   the settings: block size, host slots for KV pages and for states, the rank count and the
-  namespace of store keys (model, dtype, block size, layout, tensor parallel size).
+  namespace of store keys (model, dtype, block size, layout; the tensor parallel size only
+  where pages cannot be read at another size: hicache.integrations.vllm.tp_shape).
 
 Reference: vllm/v1/kv_cache_interface.py (AttentionSpec, FullAttentionSpec, MambaSpec,
 SlidingWindowSpec), vllm/v1/core/single_type_kv_cache_manager.py (MambaManager, align mode;
@@ -30,6 +31,8 @@ from vllm.v1.kv_cache_interface import (
 
 from hicache.domain import ConfigError
 from hicache.integrations.vllm.settings import ConnectorSettings
+from hicache.integrations.vllm.tp_plan import TpHeads
+from hicache.integrations.vllm.tp_shape import namespace_ident, tp_heads
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -171,6 +174,8 @@ class Shape:
     window_slots: int = 0  # sliding-window models: window pages (as many as KV pages)
     ranks: int  # tensor parallel ranks: one store object per rank and page (pp is refused)
     namespace: str
+    # how pages split into KV heads across ranks; None: read only at this TP size (tp_shape)
+    heads: TpHeads | None = None
 
     @property
     def page_bytes(self) -> int:
@@ -210,7 +215,12 @@ class Shape:
             )
         model = vllm_config.model_config
         tp = int(par.tensor_parallel_size)
-        ident = repr((model.model, str(model.dtype), block_size, layout, tp))
+        # window pages (sliding layers) and states are read only at the size that saved them
+        others = bool(layout.state or layout.window_groups)
+        heads = tp_heads(vllm_config, kv_cache_config, layout.attn_group, others)
+        ident = namespace_ident(
+            model.model, str(model.dtype), block_size, layout, layout.kv, tp, heads
+        )
         return cls(
             layout=layout,
             block_size=block_size,
@@ -220,4 +230,5 @@ class Shape:
             window_slots=host_slots if layout.window else 0,
             ranks=tp,
             namespace="vllm-" + hashlib.sha256(ident.encode()).hexdigest()[:32],
+            heads=heads,
         )

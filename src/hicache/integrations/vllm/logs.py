@@ -30,7 +30,7 @@ log = get_logger("hicache.vllm")
 WARN_INTERVAL_S = 60.0
 # How a page's store key is made (hicache.integrations.vllm.plan.store_key).
 KEYS_SCHEME = (
-    "namespace/kv-r<rank>/<chain hash of block tokens and extras> (state-r<rank> for states)"
+    "namespace/kv-r<rank>of<tp>/<chain hash of block tokens and extras> (state-r<rank> for states)"
 )
 
 
@@ -47,6 +47,8 @@ def log_start(
         state_slots=shape.state_slots,
         state_host_bytes=shape.state_host_bytes,
         tp_ranks=shape.ranks,
+        # reads of pages stored at other TP sizes: the model's KV heads, or None (this size only)
+        tp_reads_heads=shape.heads.total if shape.heads is not None else None,
         store=settings.storage_backend,
         store_path=settings.storage_path,
         write_policy=settings.write_policy,

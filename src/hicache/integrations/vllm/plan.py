@@ -32,6 +32,7 @@ from hicache.domain.pools import PoolName
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage, BoundedTier
 from hicache.engine.storage_settings import StorageTierSettings
+from hicache.integrations.vllm.tp_plan import kv_pool, untag
 
 STATE = b"state:"
 WINDOW = b"swa:"
@@ -55,9 +56,14 @@ def is_window(key: bytes) -> bool:
     return key.startswith(WINDOW)
 
 
-def store_key(namespace: str, rank: int, page: bytes) -> StoreKey:
-    """Rank ``rank``'s store key of a page: pool ``kv-r<rank>`` or, for a state page,
-    ``state-r<rank>``, or for a window page ``swa-r<rank>``, under its chain key's hex."""
+def store_key(namespace: str, rank: int, page: bytes, ranks: int = 1) -> StoreKey:
+    """Rank ``rank`` of ``ranks``' store key of a page: pool ``kv-r<rank>of<ranks>`` or, for a
+    state page, ``state-r<rank>``, or for a window page ``swa-r<rank>``, under its chain key's
+    hex. A page key tagged with another writer (hicache.integrations.vllm.tp_plan.tagged) names
+    that writer's object."""
+    kind, writers, src, raw = untag(page)
+    if kind == "one":
+        return StoreKey(namespace=namespace, pool=kv_pool(src, writers), page_hash=page_hex(raw))
     if is_state(page):
         return StoreKey(
             namespace=namespace, pool=f"state-r{rank}", page_hash=page_hex(page[len(STATE) :])
@@ -66,7 +72,7 @@ def store_key(namespace: str, rank: int, page: bytes) -> StoreKey:
         return StoreKey(
             namespace=namespace, pool=f"swa-r{rank}", page_hash=page_hex(page[len(WINDOW) :])
         )
-    return StoreKey(namespace=namespace, pool=f"kv-r{rank}", page_hash=page_hex(page))
+    return StoreKey(namespace=namespace, pool=kv_pool(rank, ranks), page_hash=page_hex(page))
 
 
 # Pages per store call: one call for a request of up to this many blocks (the connector made one
@@ -98,6 +104,8 @@ class LoadOp:
     blocks: tuple[int, ...]
     from_storage: tuple[bool, ...]
     missing: tuple[int, ...] = ()  # blocks promised to vLLM that could not be planned
+    # per key: the TP size of the server that stored it (0 or the reader's own: its own objects)
+    writers: tuple[int, ...] = ()
     state: StateLoad | None = None  # hybrid: the state at the hit's end
     all_or_nothing: bool = False  # hybrid: any failure fails the request (vLLM recomputes it)
     windows: tuple[StateLoad, ...] = ()  # sliding-window models: the window pages of the hit

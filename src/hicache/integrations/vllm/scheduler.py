@@ -77,6 +77,8 @@ from hicache.integrations.vllm.plan import (
     store_tier,
 )
 from hicache.integrations.vllm.stats import ConnectorStats
+from hicache.integrations.vllm.tp_plan import TpHeads
+from hicache.integrations.vllm.tp_sources import WriterProbe
 
 if TYPE_CHECKING:
     from hicache.integrations.vllm.events import TierEvents
@@ -100,6 +102,7 @@ class _Hit:
     end: int  # blocks [host, end) come from the store
     state_from_store: bool | None = None  # hybrid: where the state at ``end`` is
     hybrid: HybridHit | None = None  # hybrid: the state's and window pages' places
+    writers: tuple[int, ...] = ()  # blocks [host, end): the TP size that stored each
 
 
 @attrs.frozen
@@ -131,6 +134,7 @@ class SchedulerSide:
         window_tokens: int = 0,
         window_slots: int = 0,
         null_blocks: bool = False,
+        heads: TpHeads | None = None,
         policy: LoadPolicy | None = None,
     ) -> None:
         self.block_size = block_size
@@ -152,6 +156,12 @@ class SchedulerSide:
             store_tier(store, store_keys) if store is not None else None
         )
         self.store_keys = store_keys  # one key per rank
+        # pages stored by a server of another TP size (hicache.integrations.vllm.tp_sources)
+        self.probe = (
+            WriterProbe(self.store, ranks, heads, stats)
+            if self.store is not None and heads is not None
+            else None
+        )
         self.write_storage = write_storage and store is not None
         self.save_decode = save_decode
         self.agreement = Agreement(ranks)
@@ -227,6 +237,7 @@ class SchedulerSide:
             return self._match_hybrid(req_id, keys, start, limit)
         i = start  # blocks before start are vLLM's own hit: hicache need not hold them
         bad = self._bad
+        writers: tuple[int, ...] = ()
         while i < limit and keys[i] not in bad and self.index.lookup(keys[i]) is not None:
             i += 1
         host = i
@@ -236,7 +247,13 @@ class SchedulerSide:
                 i + run < limit and keys[i + run] not in bad and not self.index.known(keys[i + run])
             ):
                 run += 1
-            if run:
+            if run and self.probe is not None:  # at this TP size or another
+                found, answered = self.probe.leading(keys[i : i + run])
+                writers = tuple(found)
+                if answered and self.events is not None:
+                    self.events.store_answer(req_id, i, keys[i : i + run], len(writers))
+                i += len(writers)
+            elif run:
                 answer = self.store.exists(keys[i : i + run])  # the leading run every rank has
                 if not answer.answered:
                     self.stats.error("exists", answer.outcome.value)
@@ -246,7 +263,9 @@ class SchedulerSide:
         end = self._offer(req_id, start, host, i)
         if end <= start:
             return 0, False
-        self._hits[req_id] = _Hit(start=start, host=min(max(host, start), end), end=end)
+        self._hits[req_id] = _Hit(
+            start=start, host=min(max(host, start), end), end=end, writers=writers
+        )
         return (end - start) * bs, end > max(host, start)
 
     def _offer(self, req_id: str, start: int, host: int, end: int) -> int:
@@ -347,7 +366,7 @@ class SchedulerSide:
         n = num_external // self.block_size
         end = min(hit.start + n, hit.end)
         keys = self._reqs[req_id].keys
-        picked: list[tuple[bytes, int, int, bool]] = []
+        picked: list[tuple[bytes, int, int, bool, int]] = []
         missing: list[int] = []
         for b in range(hit.start, end):
             if self.null_blocks and block_ids[b] == NULL_BLOCK:  # outside the window
@@ -363,9 +382,11 @@ class SchedulerSide:
             if slot is None or missing:
                 missing.append(block_ids[b])
                 continue
+            at = b - hit.host
+            writer = hit.writers[at] if 0 <= at < len(hit.writers) else 0
             if b >= hit.host and self.events is not None:  # read into the host tier
                 self.events.planned(req_id, b, key)
-            picked.append((key, slot, block_ids[b], b >= hit.host))
+            picked.append((key, slot, block_ids[b], b >= hit.host, writer))
         missing.extend(block_ids[end : hit.start + n])
         op = LoadOp(
             req_id=req_id,
@@ -374,6 +395,7 @@ class SchedulerSide:
             blocks=tuple(p[2] for p in picked),
             from_storage=tuple(p[3] for p in picked),
             missing=tuple(missing),
+            writers=tuple(p[4] for p in picked) if hit.writers else (),
         )
         host_blocks = sum(1 for p in picked if not p[3])
         self._hit_tokens[0] += host_blocks * self.block_size

@@ -83,6 +83,7 @@ class SchedulerConnector:
             window_tokens=shape.layout.window_tokens,
             window_slots=shape.window_slots,
             null_blocks=shape.layout.attn_sliding,
+            heads=shape.heads,
             policy=LoadPolicy(settings.load_policy, time_steps=time_steps),
         )
         self.storage_backend = settings.storage_backend

@@ -12,7 +12,9 @@
   ``finish_step`` waits for nothing: a step's copies settle later (``poll``: events reported,
   store writes started), and ``fence`` orders the next step's compute and loads after copies
   still in flight, so vLLM may free and reuse the blocks at once. Store writes and
-  asynchronous loads (store -> host -> device) run on a store thread. ``drain_events`` /
+  asynchronous loads (store -> host -> device) run on a store thread; a page stored at another
+  tensor parallel size is read through hicache.integrations.vllm.tp_reads.TpReader (the head
+  slices this rank needs, assembled in its host slot). ``drain_events`` /
   ``drain_finished`` / ``drain_errors`` give what happened since the last call (the
   scheduler's metadata and vLLM's error hooks).
 
@@ -40,8 +42,8 @@ from hicache.adapters.copy.rows import RowCopier
 from hicache.domain import HostMemory
 from hicache.domain.ports import Direction, Streams
 from hicache.domain.ports import Event as CopyEvent
-from hicache.domain.storage import StoreKey
-from hicache.engine.bounded import BoundedStorage, BoundedTier
+from hicache.domain.storage import StoreKey, StoreStatus
+from hicache.engine.bounded import Answer, BoundedStorage, BoundedTier
 from hicache.integrations.vllm.block_rows import block_rows, choose_copier, state_rows
 from hicache.integrations.vllm.plan import (
     Event,
@@ -55,6 +57,7 @@ from hicache.integrations.vllm.plan import (
     store_tier,
 )
 from hicache.integrations.vllm.stats import ConnectorStats
+from hicache.integrations.vllm.tp_reads import TpReader
 from hicache.integrations.vllm.worker_host import HostTier
 from hicache.integrations.vllm.worker_parts import (
     CpuOrder,
@@ -104,6 +107,7 @@ class WorkerTransfers:
         copier: RowCopier | None = None,
         host_memory: HostMemory | None = None,
         streams: tuple[Streams, Order] | None = None,
+        tp_reads: TpReader | None = None,
     ) -> None:
         self.rank = rank
         self.names = [n for n, _ in layers]
@@ -134,6 +138,7 @@ class WorkerTransfers:
             store_tier(store, lambda page: [store_key(page)]) if store is not None else None
         )
         self.store_key = store_key
+        self.tp_reads = tp_reads  # pages stored at another TP size (None: own size only)
         self.stats = stats
         self._io = ThreadPoolExecutor(1, thread_name_prefix="hicache-store")
         self._lock = threading.Lock()
@@ -499,11 +504,13 @@ class WorkerTransfers:
         keys = list(op.keys)
         slots = list(op.slots)
         from_storage = list(op.from_storage)
+        writers = list(op.writers) or [0] * len(keys)
         groups = [*op.windows, *([op.state] if op.state is not None else [])]
         for g in groups:  # window pages and the state: read with the pages; copied last
             keys.append(g.key)
             slots.append(g.slot)
             from_storage.append(g.from_storage)
+            writers.append(0)
         reads = [i for i, s in enumerate(from_storage) if s]
         status: dict[int, bool] = {}
         settled: Future[Any] | None = None  # done once the store no longer writes the slots
@@ -511,8 +518,8 @@ class WorkerTransfers:
         if reads:
             assert self.store is not None
             try:
-                answer = self.store.read_each(
-                    [keys[i] for i in reads], [self.tier.page(slots[i], keys[i]) for i in reads]
+                answer = self._read_each(
+                    [keys[i] for i in reads], [slots[i] for i in reads], [writers[i] for i in reads]
                 )
             except Exception as exc:  # e.g. a key the store cannot name: the call ended
                 status = dict.fromkeys(reads, False)
@@ -589,6 +596,18 @@ class WorkerTransfers:
         if late:
             assert settled is not None
             self._report_when(settled, [Event(Op.LOAD, keys[i], copied) for i in reads])
+
+    def _read_each(
+        self, keys: list[bytes], slots: list[int], writers: list[int]
+    ) -> Answer[list[StoreStatus]]:
+        """Read pages into host slots: in place, or (stored at another TP size) through
+        the TpReader's head slices."""
+        assert self.store is not None
+        tp = self.tp_reads
+        if tp is not None and not all(tp.own(w) for w in writers):
+            return tp.read_each(self.store, self.tier, keys, slots, writers)
+        pages = [self.tier.page(s, k) for s, k in zip(slots, keys, strict=True)]
+        return self.store.read_each(keys, pages)
 
     # ---- reports -------------------------------------------------------------------------
 

@@ -22,11 +22,13 @@ from hicache.adapters.copy.rows import RowCopier
 from hicache.domain import CacheStateError, ConfigError, TransferError
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage
+from hicache.engine.logs import get_logger
 from hicache.integrations.vllm.layout import Shape
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
 from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import ConnectorStats
+from hicache.integrations.vllm.tp_reads import LayerHeads, TpReader, head_geometry
 from hicache.integrations.vllm.worker import (
     WorkerTransfers,
     block_rows,
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     )
     from vllm.forward_context import ForwardContext
 
+log = get_logger("hicache.vllm")
 IDLE_WAIT_S = 0.02  # longest wait for the store thread in a step without a forward
 
 
@@ -122,7 +125,25 @@ class WorkerConnector:
             window_layers=windows,
             window_host_bytes=self.shape.window_slots * layout.window_bytes,
             copier=self._copier(caches),
+            tp_reads=self._tp_reader(kv_caches, rank),
         )
+
+    def _tp_reader(self, kv_caches: dict[str, torch.Tensor], rank: int) -> TpReader | None:
+        """Reads of pages stored at another TP size, for models whose blocks split by head
+        (a cache whose heads cannot be sliced reads only whole objects: the same heads)."""
+        heads = self.shape.heads
+        if heads is None:
+            return None
+        per = heads.per_rank(self.shape.ranks)
+        try:
+            layers: list[LayerHeads] | None = [
+                head_geometry(name, kv_caches[name], self.num_blocks, per)
+                for name, _ in self.shape.layout.kv
+            ]
+        except ConfigError as exc:
+            log.warning("vllm.tp_slices_unavailable", rank=rank, reason=str(exc))
+            layers = None
+        return TpReader(heads, self.shape.ranks, rank, layers)
 
     def _copier(self, caches: list[torch.Tensor]) -> RowCopier:
         try:

@@ -1,0 +1,232 @@
+"""A worker's reads of pages that a server of another tensor parallel size stored (no vLLM import).
+
+- head_geometry(name, cache, num_blocks, heads): one attention layer's block as ``(outer, heads,
+  inner)`` bytes, from vLLM's registered cache: vLLM 0.32 hands each layer over as the logical
+  ``[blocks, heads, tokens, content]`` view (vllm/v1/kv_cache_interface.py
+  create_kv_cache_views), its strides giving the physical order. vLLM's CPU cache is
+  ``[blocks, kv heads, block_size, K + V]`` contiguous: outer 1, a head one run of block_size
+  x (K + V) bytes; a token-major layout (heads inside tokens) has outer block_size.
+  ConfigError where the heads are not one dimension of a dense block.
+- TpReader(heads, ranks, rank, geometry).read_each(store, tier, keys, slots, writers): reads a
+  batch of pages into host slots in one bounded store call. A page of this server's own size,
+  or whose plan is one whole object (tp_plan.is_direct: the same heads), is read in place;
+  another is read object by object (the writer ranks holding this rank's heads,
+  ``kv-r<src>of<writers>``): an object this rank needs whole (fewer ranks reading what more
+  wrote) goes straight into the slot as a list of byte runs (one segment per layer on vLLM's
+  CPU cache: no copy); an object of which it needs part goes into a staging buffer, and each
+  layer's head slices are copied into the slot once every object of the page was read whole
+  (torch narrow/copy on the host). The
+  host-to-device path after it is the usual one. A page is OK only when all its objects were;
+  the staging buffer lives until the store call has really ended (``settled``), then is kept for
+  the next read (one buffer, up to SPARE_MAX_BYTES: fresh memory would page-fault on every read). Without the
+  geometry (``layers`` None: a cache head_geometry refused, logged at start) a page that needs
+  slices is answered INVALID unread: a miss, recomputed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from hicache.domain import ConfigError
+from hicache.domain.storage import StoreStatus
+from hicache.engine.bounded import Answer, BoundedTier
+from hicache.integrations.vllm.tp_plan import Piece, TpHeads, head_runs, tagged
+from hicache.integrations.vllm.worker_host import HostTier
+
+SPARE_MAX_BYTES = 256 << 20  # the largest staging buffer kept for the next read
+MAX_SEGMENTS = 1024  # runs of one object read straight into a host slot
+
+
+@attrs.frozen
+class LayerHeads:
+    """One attention layer's block as ``(outer, heads, inner)`` bytes."""
+
+    name: str
+    outer: int
+    inner: int
+
+
+def head_geometry(name: str, cache: torch.Tensor, num_blocks: int, heads: int) -> LayerHeads:
+    """Layer ``name``'s block geometry (see the module docstring)."""
+    if cache.dim() != 4 or cache.shape[0] != num_blocks or cache.shape[1] != heads:
+        raise ConfigError(
+            f"HiCacheConnector: vLLM cache of layer {name!r} has shape {tuple(cache.shape)}; "
+            f"expected [{num_blocks} blocks, {heads} KV heads, tokens, content] to read pages "
+            "stored at another tensor parallel size"
+        )
+    dims = [(int(cache.stride(d)), int(cache.shape[d]), d) for d in (1, 2, 3)]
+    order = sorted(dims, key=lambda t: (-t[0], t[2]))  # physical order inside a block
+    step = 1
+    for stride, size, _ in reversed(order):
+        if size > 1 and stride != step:
+            raise ConfigError(
+                f"HiCacheConnector: vLLM cache of layer {name!r} (shape "
+                f"{tuple(cache.shape)}, strides {cache.stride()}) is not one dense run per "
+                "block; pages stored at another tensor parallel size cannot be sliced by head"
+            )
+        step *= size
+    at = [d for _, _, d in order].index(1)
+    outer = 1
+    for _, size, _ in order[:at]:
+        outer *= size
+    inner = cache.element_size()
+    for _, size, _ in order[at + 1 :]:
+        inner *= size
+    return LayerHeads(name, outer, inner)
+
+
+class TpReader:
+    """Reads pages stored at any tensor parallel size into rank ``rank``'s host slots."""
+
+    def __init__(
+        self, heads: TpHeads, ranks: int, rank: int, layers: Sequence[LayerHeads] | None
+    ) -> None:
+        self.heads = heads
+        self.ranks = ranks
+        self.rank = rank
+        self.layers = list(layers) if layers is not None else None  # None: no slicing
+        self._plans: dict[int, tuple[tuple[Piece, ...], bool]] = {}
+        self._lock = threading.Lock()
+        self._spare: torch.Tensor | None = None  # a staging buffer no store call holds
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        """``nbytes`` of host memory for source objects: the spare buffer when it is free and
+        large enough (no page faults on every read), else a new one."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare.numel() >= nbytes:
+            return spare
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def own(self, writers: int) -> bool:
+        return writers in (0, self.ranks)
+
+    def plan(self, writers: int) -> tuple[tuple[Piece, ...], bool]:
+        """This rank's pieces of a page stored by ``writers`` ranks, and whether direct."""
+        got = self._plans.get(writers)
+        if got is None:
+            pieces = self.heads.plan(writers, self.ranks, self.rank)
+            got = self._plans[writers] = (pieces, self.heads.direct(pieces, writers, self.ranks))
+        return got
+
+    def source_bytes(self, writers: int) -> int:
+        """Bytes of one object stored by a rank of ``writers``."""
+        per = self.heads.per_rank(writers)
+        assert self.layers is not None
+        return sum(layer.outer * per * layer.inner for layer in self.layers)
+
+    def read_each(
+        self,
+        store: BoundedTier,
+        tier: HostTier,
+        keys: Sequence[bytes],
+        slots: Sequence[int],
+        writers: Sequence[int],
+    ) -> Answer[list[StoreStatus]]:
+        """Each page's status once read (and assembled); see the module docstring."""
+        asked: list[bytes] = []
+        buffers: list[list[memoryview]] = []
+        owner: list[int] = []  # the page of each object read
+        staged: dict[int, list[tuple[Piece, torch.Tensor]]] = {}  # page -> its sources
+        refused: set[int] = set()  # pages that need slices this cache cannot take
+        for i, (key, slot, w) in enumerate(zip(keys, slots, writers, strict=True)):
+            if self.own(w):
+                asked.append(key)
+                buffers.append(tier.page(slot, key))
+                owner.append(i)
+                continue
+            pieces, direct = self.plan(w)
+            if direct:
+                asked.append(tagged(w, pieces[0].src, key))
+                buffers.append(tier.page(slot, key))
+                owner.append(i)
+                continue
+            if self.layers is None:
+                refused.add(i)
+                continue
+            for piece in pieces:
+                segments = self._scatter(tier, slot, w, piece)
+                if segments is not None:  # a whole object: straight into the slot's runs
+                    asked.append(tagged(w, piece.src, key))
+                    buffers.append(segments)
+                    owner.append(i)
+                else:
+                    staged.setdefault(i, []).append((piece, torch.empty(0, dtype=torch.uint8)))
+        staging = self._staging(
+            sum(self.source_bytes(writers[i]) * len(p) for i, p in staged.items())
+        )
+        at = 0
+        for i, sources in staged.items():
+            n = self.source_bytes(writers[i])
+            for j, (piece, _) in enumerate(sources):
+                src = staging.narrow(0, at, n)
+                at += n
+                sources[j] = (piece, src)
+                asked.append(tagged(writers[i], piece.src, keys[i]))
+                buffers.append([memoryview(src.numpy()).cast("B")])  # type: ignore[arg-type]
+                owner.append(i)
+        answer = store.read_each(asked, buffers)
+
+        def release(_f: object) -> None:  # the store may write the staging until settled
+            with self._lock:
+                if staging.numel() <= SPARE_MAX_BYTES and (
+                    self._spare is None or self._spare.numel() < staging.numel()
+                ):
+                    self._spare = staging
+
+        status = [StoreStatus.INVALID if i in refused else StoreStatus.OK for i in range(len(keys))]
+        for i, s in zip(owner, answer.value, strict=True):
+            if status[i].ok and not s.ok:
+                status[i] = s
+        if answer.answered:  # else every page failed (the tier's default answer)
+            for i, sources in staged.items():
+                if status[i].ok:
+                    self._assemble(tier, slots[i], writers[i], sources)
+        answer.settled.add_done_callback(release)  # after the copies out of it
+        return Answer(status, answer.outcome, answer.settled)
+
+    def _scatter(
+        self, tier: HostTier, slot: int, writers: int, piece: Piece
+    ) -> list[memoryview] | None:
+        """The host slot's byte runs a whole source object fills, in the object's order (one
+        per layer on vLLM's CPU cache); None for part of an object or too many runs."""
+        assert self.layers is not None
+        src_heads = self.heads.per_rank(writers)
+        if piece.src_lo != 0 or piece.src_hi != src_heads:
+            return None
+        if sum(layer.outer for layer in self.layers) > MAX_SEGMENTS:
+            return None
+        dst_heads = self.heads.per_rank(self.ranks)
+        segments: list[memoryview] = []
+        for layer in self.layers:
+            row = tier.layer(layer.name)[slot]
+            for _, d, n in head_runs(piece, layer.outer, layer.inner, src_heads, dst_heads):
+                segments.append(memoryview(row.narrow(0, d, n).numpy()).cast("B"))  # type: ignore[arg-type]
+        return segments
+
+    def _assemble(
+        self,
+        tier: HostTier,
+        slot: int,
+        writers: int,
+        sources: Sequence[tuple[Piece, torch.Tensor]],
+    ) -> None:
+        src_heads = self.heads.per_rank(writers)
+        dst_heads = self.heads.per_rank(self.ranks)
+        assert self.layers is not None
+        for piece, src in sources:
+            off = 0
+            for layer in self.layers:
+                n = layer.outer * src_heads * layer.inner
+                s = src.narrow(0, off, n).view(layer.outer, src_heads, layer.inner)
+                d = tier.layer(layer.name)[slot].view(layer.outer, dst_heads, layer.inner)
+                width = piece.src_hi - piece.src_lo
+                d.narrow(1, piece.dst_lo, width).copy_(s.narrow(1, piece.src_lo, width))
+                off += n
+
+
+__all__ = ["LayerHeads", "TpReader", "head_geometry"]
