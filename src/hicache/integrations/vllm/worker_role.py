@@ -29,12 +29,7 @@ from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
 from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.tp_reads import LayerHeads, TpReader, head_geometry
-from hicache.integrations.vllm.worker import (
-    WorkerTransfers,
-    block_rows,
-    choose_copier,
-    state_rows,
-)
+from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, choose_copier, state_rows
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
