@@ -6,9 +6,12 @@
   It dispatches each hook to its role's object: SchedulerConnector (scheduler_role) or
   WorkerConnector (worker_role); Layout and Shape (layout), the metadata the roles exchange
   (metadata) and vLLM's metrics objects (vllm_metrics) import vLLM too.
-- ConnectorSettings (settings), SchedulerSide (scheduler; its host index is hicache.domain.host_pages.HostPages),
-  WorkerTransfers (worker), StepPlan and the per-page events (plan), ConnectorStats (stats),
-  the process's hicache metrics (exporter): the parts, importable without vLLM.
+- ConnectorSettings (settings), SchedulerSide (scheduler; its jobs in scheduler_state,
+  scheduler_hits, scheduler_loads, scheduler_saves; its host index is
+  hicache.domain.host_pages.HostPages), WorkerTransfers (worker; its jobs in worker_state,
+  worker_copies, worker_store, worker_settle), StepPlan and the per-page events (plan),
+  ConnectorStats (stats), the process's hicache metrics (exporter): the parts, importable
+  without vLLM (docs/vllm.md, "The package's modules", lists every module).
 
 ``HiCacheConnector`` is resolved on first access (PEP 562), so the vLLM-free parts import
 without vLLM installed.
