@@ -66,7 +66,12 @@ def make_lora(folder: Path, *, layers: int = 2, rank: int = 8, seed: int = 1) ->
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
-    shapes = {"q_proj": (256, 256), "k_proj": (128, 256), "v_proj": (128, 256), "o_proj": (256, 256)}
+    shapes = {
+        "q_proj": (256, 256),
+        "k_proj": (128, 256),
+        "v_proj": (128, 256),
+        "o_proj": (256, 256),
+    }
     tensors: dict[str, torch.Tensor] = {}
     for layer in range(layers):
         for name, (out, inp) in shapes.items():
@@ -150,8 +155,9 @@ def _metrics(llm: object) -> dict[str, float]:
         if not m.name.startswith(METRICS) or not hasattr(m, "value"):
             continue
         extra = {k: v for k, v in m.labels.items() if k not in ("engine", "model_name")}
-        name = m.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(extra.items())) + "}"
-                         if extra else "")
+        name = m.name + (
+            "{" + ",".join(f"{k}={v}" for k, v in sorted(extra.items())) + "}" if extra else ""
+        )
         out[name] = out.get(name, 0) + float(m.value)
     return out
 

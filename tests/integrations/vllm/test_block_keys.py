@@ -28,7 +28,9 @@ LORA = extras_digest((("lora", "adapter-a", "/adapters/a"),))
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def reference(tokens: list[int], digests: list[bytes | None], prior: bytes | None = None) -> list[bytes]:
+def reference(
+    tokens: list[int], digests: list[bytes | None], prior: bytes | None = None
+) -> list[bytes]:
     """The chain written out block by block with hashlib (the formula the module documents)."""
     keys = []
     for b, d in enumerate(digests):
@@ -59,9 +61,7 @@ def test_blocks_without_extras_have_the_plain_token_chain_keys() -> None:
 def test_keys_follow_the_documented_formula(digests: list[bytes | None]) -> None:
     assert chain_block_keys(TOKENS, BS, digests) == reference(TOKENS, digests)
     prior = hashlib.sha256(b"p").digest()
-    assert chain_block_keys(TOKENS, BS, digests, prior=prior) == reference(
-        TOKENS, digests, prior
-    )
+    assert chain_block_keys(TOKENS, BS, digests, prior=prior) == reference(TOKENS, digests, prior)
 
 
 def test_extras_of_one_block_change_its_key_and_every_later_key_only() -> None:

@@ -173,7 +173,9 @@ def test_a_request_aborted_while_its_load_is_in_flight_gets_its_pins_back_from_t
     s.after_alloc("a", [5, 6, 7, 8, 9], 16)
     (op,) = s.build([], lambda _r: []).async_loads
     s.finished("a")  # vLLM's request_finished: aborted while waiting for the load
-    s.on_events([Event(Op.READ, k, False) for k, st in zip(op.keys, op.from_storage, strict=True) if st])
+    s.on_events(
+        [Event(Op.READ, k, False) for k, st in zip(op.keys, op.from_storage, strict=True) if st]
+    )
     s.on_events([Event(Op.LOAD, k, False) for k in op.keys])
     assert all(s.index.pin_count(k) == 0 for k in op.keys)
     assert s.index.clear_unpinned() == 2  # the host pages; the failed reads are gone

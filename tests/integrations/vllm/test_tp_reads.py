@@ -18,77 +18,27 @@ from hicache.domain import ConfigError
 from hicache.domain.keys import chain_keys
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedSettings, BoundedStorage
-from hicache.integrations.vllm.plan import LoadOp, Op, SaveOp, StepPlan, store_key, store_tier
+from hicache.integrations.vllm.plan import LoadOp, Op, StepPlan, store_key, store_tier
 from hicache.integrations.vllm.scheduler import SchedulerSide
 from hicache.integrations.vllm.stats import ConnectorStats
-from hicache.integrations.vllm.tp_plan import TpHeads, heads_of, writer_tag
-from hicache.integrations.vllm.tp_reads import LayerHeads, TpReader, head_geometry
+from hicache.integrations.vllm.tp_plan import TpHeads, writer_tag
+from hicache.integrations.vllm.tp_reads import LayerHeads, head_geometry
 from hicache.integrations.vllm.tp_sources import MAX_SWITCHES, WriterProbe, reader_keys
-from hicache.integrations.vllm.worker import WorkerTransfers, block_rows
 from tests.integrations.vllm.side_helpers import BS, Exists
-
-BLOCKS, TOKENS, CONTENT, LAYERS, PAGES = 6, 4, 8, 2, 3  # content: K + V of a head, bf16 units
-
-
-def _full(total: int) -> list[torch.Tensor]:
-    """Every layer's KV of every head: [BLOCKS, total heads, TOKENS, CONTENT] (vLLM's CPU
-    logical order), distinct values per head."""
-    g = torch.Generator().manual_seed(total)
-    return [
-        torch.randn(BLOCKS, total, TOKENS, CONTENT, generator=g).to(torch.bfloat16)
-        for _ in range(LAYERS)
-    ]
-
-
-def _rank_caches(
-    full: list[torch.Tensor], total: int, tp: int, rank: int
-) -> dict[str, torch.Tensor]:
-    lo, hi = heads_of(rank, tp, total)
-    return {f"layer.{i}": t[:, lo:hi].contiguous() for i, t in enumerate(full)}
-
-
-def _transfers(
-    caches: dict[str, torch.Tensor],
-    store: DirectoryStore,
-    heads: TpHeads,
-    tp: int,
-    rank: int,
-    *,
-    slicing: bool = True,
-) -> WorkerTransfers:
-    layers = [(n, block_rows(n, t, BLOCKS)) for n, t in caches.items()]
-    geometry = (
-        [head_geometry(n, t, BLOCKS, heads.per_rank(tp)) for n, t in caches.items()]
-        if slicing
-        else None
-    )
-    return WorkerTransfers(
-        layers,
-        host_bytes=(PAGES + 1) * sum(r.shape[1] for _, r in layers),
-        store=BoundedStorage(store),
-        store_key=lambda page: store_key("ns", rank, page, tp),
-        stats=ConnectorStats(),
-        rank=rank,
-        tp_reads=TpReader(heads, tp, rank, geometry),
-    )
-
-
-def _key(i: int) -> bytes:
-    return bytes([i + 1]) * 32
-
-
-def _write(store: DirectoryStore, full: list[torch.Tensor], total: int, writers: int) -> None:
-    """Every writer rank saves blocks 0..PAGES-1 as pages 0..PAGES-1 and stores them."""
-    for r in range(writers):
-        w = _transfers(_rank_caches(full, total, writers, r), store, TpHeads(total), writers, r)
-        w.start_step(StepPlan(saves=[SaveOp("w", _key(p), p, p, True) for p in range(PAGES)]))
-        w.finish_step()
-        w.wait_idle()
-        stored = [e for e in w.drain_events() if e.op is Op.STORE]
-        assert len(stored) == PAGES
-        assert all(e.ok for e in stored)
-        w.close()
-
+from tests.integrations.vllm.tp_reads_support import (
+    BLOCKS,
+    CONTENT,
+    DST,
+    PAGES,
+    TOKENS,
+    close,
+    full,
+    key,
+    rank_caches,
+    read,
+    transfers,
+    write,
+)
 
 CASES = [
     (2, 2, 1),
@@ -109,37 +59,16 @@ def test_each_reader_rank_assembles_exactly_its_heads_from_the_writer_objects(
     tmp_path: Path, total: int, writers: int, readers: int
 ) -> None:
     store = DirectoryStore(DirectorySettings(root=tmp_path))
-    full = _full(total)
-    _write(store, full, total, writers)
+    everything = full(total)
+    write(store, everything, total, writers)
     for q in range(readers):
-        expected = _rank_caches(full, total, readers, q)
-        caches = {n: torch.zeros_like(t) for n, t in expected.items()}
-        w = _transfers(caches, store, TpHeads(total), readers, q)
-        dst = (3, 4, 5)  # pages 0..2 into other blocks
-        w.start_step(
-            StepPlan(
-                async_loads=[
-                    LoadOp(
-                        "r",
-                        tuple(_key(p) for p in range(PAGES)),
-                        (0, 1, 2),
-                        dst,
-                        (True,) * PAGES,
-                        writers=(writers,) * PAGES,
-                    )
-                ]
-            )
-        )
-        w.finish_step()
-        w.wait_idle()
-        reads = [e for e in w.drain_events() if e.op is Op.READ]
+        caches, expected, reads, errors = read(store, everything, total, writers, readers, q)
         assert len(reads) == PAGES
         assert all(e.ok for e in reads)
-        assert w.drain_errors() == set()
+        assert errors == set()
         for name, want in expected.items():
-            assert torch.equal(caches[name][list(dst)], want[:PAGES])
+            assert torch.equal(caches[name][list(DST)], want[:PAGES])
             assert not caches[name][:3].any()  # nothing else written
-        w.close()
     store.close()
 
 
@@ -147,38 +76,38 @@ def test_a_cache_that_cannot_be_sliced_recomputes_pages_that_need_slices(
     tmp_path: Path,
 ) -> None:
     store = DirectoryStore(DirectorySettings(root=tmp_path))
-    full = _full(2)
-    _write(store, full, 2, 2)
-    caches = {n: torch.zeros_like(t) for n, t in _rank_caches(full, 2, 1, 0).items()}
-    w = _transfers(caches, store, TpHeads(2), 1, 0, slicing=False)
-    w.start_step(StepPlan(async_loads=[LoadOp("r", (_key(0),), (0,), (3,), (True,), writers=(2,))]))
+    everything = full(2)
+    write(store, everything, 2, 2)
+    caches = {n: torch.zeros_like(t) for n, t in rank_caches(everything, 2, 1, 0).items()}
+    w = transfers(caches, store, TpHeads(2), 1, 0, slicing=False)
+    w.start_step(StepPlan(async_loads=[LoadOp("r", (key(0),), (0,), (3,), (True,), writers=(2,))]))
     w.finish_step()
     w.wait_idle()
     (read,) = [e for e in w.drain_events() if e.op is Op.READ]
     assert not read.ok
     assert w.drain_errors() == {3}  # vLLM recomputes the block
     assert not any(t.any() for t in caches.values())
-    w.close()
+    close(w, store)
     store.close()
 
 
 def test_a_page_with_one_object_missing_fails_whole(tmp_path: Path) -> None:
     store = DirectoryStore(DirectorySettings(root=tmp_path))
-    full = _full(2)
-    _write(store, full, 2, 2)
-    store.remove([store_key("ns", 1, _key(0), 2)])
-    caches = {n: torch.zeros_like(t) for n, t in _rank_caches(full, 2, 1, 0).items()}
-    w = _transfers(caches, store, TpHeads(2), 1, 0)
-    keys = (_key(0), _key(1))
+    everything = full(2)
+    write(store, everything, 2, 2)
+    store.remove([store_key("ns", 1, key(0), 2)])
+    caches = {n: torch.zeros_like(t) for n, t in rank_caches(everything, 2, 1, 0).items()}
+    w = transfers(caches, store, TpHeads(2), 1, 0)
+    keys = (key(0), key(1))
     w.start_step(
         StepPlan(async_loads=[LoadOp("r", keys, (0, 1), (3, 4), (True, True), writers=(2, 2))])
     )
     w.finish_step()
     w.wait_idle()
     reads = {e.key: e.ok for e in w.drain_events() if e.op is Op.READ}
-    assert reads == {_key(0): False, _key(1): True}
+    assert reads == {key(0): False, key(1): True}
     assert w.drain_errors() == {3, 4}  # a hit is a leading run: both recomputed
-    w.close()
+    close(w, store)
     store.close()
 
 

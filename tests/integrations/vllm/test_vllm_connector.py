@@ -29,6 +29,8 @@ from tests.integrations.vllm.scenario import (  # noqa: E402
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
 @pytest.fixture(scope="module")
 def scenario(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The whole scenario in vLLM's single-process mode (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""

@@ -12,7 +12,8 @@ from hicache.domain.storage import PageBuffer, Store, StoreHealth, StoreKey, Sto
 
 
 class DelegatingStore:
-    """Forwards name, register, exists, get, put, remove, health and close to ``inner``."""
+    """Forwards name, register (unregister where ``inner`` has one), exists, get, put, remove,
+    health and close to ``inner``."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
@@ -23,6 +24,12 @@ class DelegatingStore:
 
     def register(self, regions: Sequence[memoryview]) -> None:
         self.inner.register(regions)
+
+    def unregister(self, address: int) -> None:
+        """Forward to ``inner.unregister`` where the inner store has one (Mooncake)."""
+        undo = getattr(self.inner, "unregister", None)
+        if undo is not None:
+            undo(address)
 
     def exists(self, keys: Sequence[StoreKey], *, deadline: float | None = None) -> list[bool]:
         return self.inner.exists(keys, deadline=deadline)

@@ -18,7 +18,10 @@
   (torch narrow/copy on the host). The
   host-to-device path after it is the usual one. A page is OK only when all its objects were;
   the staging buffer lives until the store call has really ended (``settled``), then is kept for
-  the next read (one buffer, up to SPARE_MAX_BYTES: fresh memory would page-fault on every read). Without the
+  the next read (one buffer, up to SPARE_MAX_BYTES: fresh memory would page-fault on every read).
+  With ``store`` given, each staging buffer is registered with it (Store.register: Mooncake
+  moves bytes only to and from registered memory) and unregistered before it is freed; a
+  refused registration answers the pages that needed it INVALID unread (recomputed). Without the
   geometry (``layers`` None: a cache head_geometry refused, logged at start) a page that needs
   slices is answered INVALID unread: a miss, recomputed.
 """
@@ -31,11 +34,14 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from hicache.domain import ConfigError
-from hicache.domain.storage import StoreStatus
+from hicache.domain import ConfigError, StoreError
+from hicache.domain.storage import Store, StoreStatus
 from hicache.engine.bounded import Answer, BoundedTier
+from hicache.engine.logs import get_logger
 from hicache.integrations.vllm.tp_plan import Piece, TpHeads, head_runs, tagged
-from hicache.integrations.vllm.worker_host import HostTier
+from hicache.integrations.vllm.worker_host import HostTier, unregister
+
+log = get_logger("hicache.vllm")
 
 SPARE_MAX_BYTES = 256 << 20  # the largest staging buffer kept for the next read
 MAX_SEGMENTS = 1024  # runs of one object read straight into a host slot
@@ -83,24 +89,58 @@ class TpReader:
     """Reads pages stored at any tensor parallel size into rank ``rank``'s host slots."""
 
     def __init__(
-        self, heads: TpHeads, ranks: int, rank: int, layers: Sequence[LayerHeads] | None
+        self,
+        heads: TpHeads,
+        ranks: int,
+        rank: int,
+        layers: Sequence[LayerHeads] | None,
+        *,
+        store: Store | None = None,
     ) -> None:
         self.heads = heads
         self.ranks = ranks
         self.rank = rank
         self.layers = list(layers) if layers is not None else None  # None: no slicing
+        self.store = store  # registers the staging buffers (a zero-copy store: Mooncake)
         self._plans: dict[int, tuple[tuple[Piece, ...], bool]] = {}
         self._lock = threading.Lock()
         self._spare: torch.Tensor | None = None  # a staging buffer no store call holds
 
-    def _staging(self, nbytes: int) -> torch.Tensor:
-        """``nbytes`` of host memory for source objects: the spare buffer when it is free and
-        large enough (no page faults on every read), else a new one."""
+    def _staging(self, nbytes: int) -> torch.Tensor | None:
+        """``nbytes`` of host memory for source objects, registered with the store: the spare
+        buffer when it is free and large enough (no page faults or registration on every
+        read), else a new one; None when the store refused to register it (logged)."""
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None and spare.numel() >= nbytes:
             return spare
-        return torch.empty(nbytes, dtype=torch.uint8)
+        if spare is not None:
+            self._drop(spare)
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        if self.store is not None:
+            try:
+                self.store.register([_bytes(buffer)])
+            except StoreError as exc:
+                log.warning("vllm.tp_staging_unregistered", nbytes=nbytes, reason=str(exc))
+                return None
+        return buffer
+
+    def _drop(self, buffer: torch.Tensor) -> None:
+        """Unregister a staging buffer no store call holds any more (before it is freed: a
+        transport must never keep memory the allocator may hand out again)."""
+        if self.store is not None:
+            unregister(self.store, buffer.data_ptr())
+
+    def _release(self, staging: torch.Tensor) -> None:
+        """Keep ``staging`` for the next read (the largest one up to SPARE_MAX_BYTES), else
+        drop it; called once the store call that wrote it has ended."""
+        drop: torch.Tensor | None = staging
+        if staging.numel() <= SPARE_MAX_BYTES:
+            with self._lock:
+                if self._spare is None or self._spare.numel() < staging.numel():
+                    drop, self._spare = self._spare, staging  # the smaller one goes
+        if drop is not None:
+            self._drop(drop)
 
     def own(self, writers: int) -> bool:
         return writers in (0, self.ranks)
@@ -156,27 +196,23 @@ class TpReader:
                     owner.append(i)
                 else:
                     staged.setdefault(i, []).append((piece, torch.empty(0, dtype=torch.uint8)))
-        staging = self._staging(
-            sum(self.source_bytes(writers[i]) * len(p) for i, p in staged.items())
-        )
+        need = sum(self.source_bytes(writers[i]) * len(p) for i, p in staged.items())
+        staging = self._staging(need) if need else None
+        if staging is None:  # nothing to stage, or the store refused the buffer: recomputed
+            refused.update(staged)
+            staged = {}
         at = 0
         for i, sources in staged.items():
+            assert staging is not None
             n = self.source_bytes(writers[i])
             for j, (piece, _) in enumerate(sources):
                 src = staging.narrow(0, at, n)
                 at += n
                 sources[j] = (piece, src)
                 asked.append(tagged(writers[i], piece.src, keys[i]))
-                buffers.append([memoryview(src.numpy()).cast("B")])  # type: ignore[arg-type]
+                buffers.append([_bytes(src)])
                 owner.append(i)
         answer = store.read_each(asked, buffers)
-
-        def release(_f: object) -> None:  # the store may write the staging until settled
-            with self._lock:
-                if staging.numel() <= SPARE_MAX_BYTES and (
-                    self._spare is None or self._spare.numel() < staging.numel()
-                ):
-                    self._spare = staging
 
         status = [StoreStatus.INVALID if i in refused else StoreStatus.OK for i in range(len(keys))]
         for i, s in zip(owner, answer.value, strict=True):
@@ -186,7 +222,9 @@ class TpReader:
             for i, sources in staged.items():
                 if status[i].ok:
                     self._assemble(tier, slots[i], writers[i], sources)
-        answer.settled.add_done_callback(release)  # after the copies out of it
+        if staging is not None:  # the store may write the staging until settled
+            kept = staging
+            answer.settled.add_done_callback(lambda _f: self._release(kept))
         return Answer(status, answer.outcome, answer.settled)
 
     def _scatter(
@@ -227,6 +265,11 @@ class TpReader:
                 width = piece.src_hi - piece.src_lo
                 d.narrow(1, piece.dst_lo, width).copy_(s.narrow(1, piece.src_lo, width))
                 off += n
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """A contiguous uint8 tensor's bytes (no copy)."""
+    return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
 
 
 __all__ = ["LayerHeads", "TpReader", "head_geometry"]

@@ -11,6 +11,11 @@
   sliding-window layer (views made once).
 - page(slot, key): a page's, a state's or a window page's bytes as the store reads and writes
   them.
+- regions(): the host memory of the rows, one byte range per region (what a zero-copy store
+  such as Mooncake must register before it moves a page; the worker role registers them).
+- address(view) / unregister(store, start): undo a store's registration of memory where the store has an
+  ``unregister(address)`` (Mooncake; not part of the Store port: stores that ignore register
+  have none).
 - DeviceError when ``host_gib`` leaves less than one page (or one state).
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from hicache.domain import DeviceError, HostMemory
@@ -146,8 +152,27 @@ class HostTier:
         rows = self.states if is_state(key) else self.windows if is_window(key) else self.pages
         return [memoryview(rows[slot].numpy()).cast("B")]  # type: ignore[arg-type]
 
+    def regions(self) -> list[memoryview]:
+        """The host memory of every page, state and window row, one byte range per region:
+        what a zero-copy store (Mooncake) registers before it can read or write a page."""
+        rows = [self._pages] + [r for r in (self._states, self._windows) if r is not None]
+        return [memoryview(r.tensor.numpy()).cast("B") for r in rows]  # type: ignore[arg-type]
+
     def close(self) -> None:
         self._pages.close()
         for rows in (self._states, self._windows):
             if rows is not None:
                 rows.close()
+
+
+def address(view: memoryview) -> int:
+    """The address of ``view``'s first byte (no copy, nothing read)."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
+
+
+def unregister(store: object, start: int) -> None:
+    """Forget ``store``'s registration of the memory at ``start`` where the store has
+    ``unregister(address)``; a no-op for stores without one."""
+    undo = getattr(store, "unregister", None)
+    if undo is not None and start:
+        undo(start)

@@ -1,7 +1,9 @@
 """The connector's WORKER role: vLLM's worker-side hooks translated for WorkerTransfers.
 
 - WorkerConnector.register(kv_caches, rank): checks vLLM's registered caches against the
-  Layout and builds the rank's WorkerTransfers (host memory, copies, store I/O).
+  Layout and builds the rank's WorkerTransfers (host memory, copies, store I/O); registers the
+  host memory with the store (Store.register: a zero-copy store such as Mooncake transfers
+  only to and from registered memory), unregistered again at shutdown.
 - bind / start_load_kv / wait_for_layer_load / save_kv_layer / wait_for_save: one step's plan
   run around vLLM's forward pass (wait_for_save waits for no copy); handle_preemptions orders
   the next step after the saves still in flight; get_finished, get_transfer_results,
@@ -30,6 +32,7 @@ from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.tp_reads import LayerHeads, TpReader, head_geometry
 from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, choose_copier, state_rows
+from hicache.integrations.vllm.worker_host import address, unregister
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -122,6 +125,13 @@ class WorkerConnector:
             copier=self._copier(caches),
             tp_reads=self._tp_reader(kv_caches, rank),
         )
+        if self.store is not None:  # Mooncake moves bytes only to and from registered memory
+            try:
+                self.store.store.register(self._transfers.tier.regions())
+            except BaseException:
+                self._transfers.close()
+                self._transfers = None
+                raise
 
     def _tp_reader(self, kv_caches: dict[str, torch.Tensor], rank: int) -> TpReader | None:
         """Reads of pages stored at another TP size, for models whose blocks split by head
@@ -138,7 +148,8 @@ class WorkerConnector:
         except ConfigError as exc:
             log.warning("vllm.tp_slices_unavailable", rank=rank, reason=str(exc))
             layers = None
-        return TpReader(heads, self.shape.ranks, rank, layers)
+        store = self.store.store if self.store is not None else None
+        return TpReader(heads, self.shape.ranks, rank, layers, store=store)
 
     def _copier(self, caches: list[torch.Tensor]) -> RowCopier:
         try:
@@ -214,4 +225,8 @@ class WorkerConnector:
 
     def shutdown(self) -> None:
         if self._transfers is not None:
+            starts = [address(v) for v in self._transfers.tier.regions()]
             self._transfers.close()
+            if self.store is not None:  # the store closes next: nothing moves in between
+                for start in starts:
+                    unregister(self.store.store, start)
