@@ -52,7 +52,10 @@ def _open_directory(config: Mapping[str, Any]) -> Store:
     return DirectoryStore.from_config(config)
 
 
-def _open_mooncake(config: Mapping[str, Any]) -> Store:
+def open_mooncake(config: Mapping[str, Any], *, provide_host_memory: bool = True) -> Store:
+    """The "mooncake" store: on the cluster ``config`` names, else on a local one. Without
+    ``provide_host_memory`` it serves no store:mooncake host memory (a caller that registers
+    its own memory, such as the vLLM connector: then several may open in one process)."""
     from hicache.adapters.storage.mooncake_config import names_master
     from hicache.adapters.storage.mooncake_local import open_mooncake_or_local
     from hicache.bootstrap.machine import check_fits
@@ -63,11 +66,15 @@ def _open_mooncake(config: Mapping[str, Any]) -> Store:
             LOCAL_MOONCAKE_SEGMENT_BYTES,
             "the local Mooncake storage node's segment (started because no master is named)",
         )
-    return open_mooncake_or_local(config, segment_bytes=LOCAL_MOONCAKE_SEGMENT_BYTES)
+    return open_mooncake_or_local(
+        config,
+        segment_bytes=LOCAL_MOONCAKE_SEGMENT_BYTES,
+        provide_host_memory=provide_host_memory,
+    )
 
 
 _lock = threading.Lock()
-_factories: dict[str, StoreFactory] = {"directory": _open_directory, "mooncake": _open_mooncake}
+_factories: dict[str, StoreFactory] = {"directory": _open_directory, "mooncake": open_mooncake}
 
 
 def register_store_factory(name: str, factory: StoreFactory) -> None:
@@ -208,6 +215,7 @@ def open_store(settings: StorageSettings) -> Store:
 __all__ = [
     "StoreFactory",
     "entry_points",
+    "open_mooncake",
     "open_named_store",
     "open_store",
     "register_store_factory",

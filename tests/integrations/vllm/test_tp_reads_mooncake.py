@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hicache.integrations.vllm.plan import store_key
+from hicache.integrations.vllm.settings import ConnectorSettings
 from tests.storage.mooncake_support import require_mooncake
 
 require_mooncake()
@@ -85,3 +86,28 @@ def test_mooncake_same_size_pages_round_trip_through_registered_host_memory(
         assert errors == set()
         for name, want in expected.items():
             assert torch.equal(caches[name][list(DST)], want[:PAGES])
+
+
+def test_both_connector_roles_open_a_mooncake_store_in_one_process(cluster: LocalMooncake) -> None:
+    # vLLM at tp 1 runs the scheduler and the worker in one process, each opening the store;
+    # with the connector's settings neither serves store:mooncake host memory, so both open
+    settings = ConnectorSettings.from_extra_config(
+        {"storage_backend": "mooncake", "storage_extra_config": cluster.extra_config()}, env={}
+    )
+    scheduler_store = settings.open_store()
+    assert scheduler_store is not None
+    try:
+        worker_store = settings.open_store()
+        assert worker_store is not None
+        try:
+            everything = full(2)
+            write(worker_store, everything, 2, 2, "roles")
+            assert all(scheduler_store.exists([store_key("roles", r, key(0), 2) for r in (0, 1)]))
+            caches, expected, reads, _ = read(worker_store, everything, 2, 2, 1, 0, "roles")
+            assert [e.ok for e in reads] == [True] * PAGES
+            for name, want in expected.items():
+                assert torch.equal(caches[name][list(DST)], want[:PAGES])
+        finally:
+            worker_store.close()
+    finally:
+        scheduler_store.close()

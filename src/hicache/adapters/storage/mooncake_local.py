@@ -422,12 +422,19 @@ def open_mooncake_or_local(
     environ: Mapping[str, str] | None = None,
     *,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    provide_host_memory: bool = True,
 ) -> Store:
-    """A Mooncake store on the named cluster, or on a local one that its close() stops."""
+    """A Mooncake store on the named cluster, or on a local one that its close() stops
+    (``provide_host_memory``: as MooncakeStore.open)."""
     stack = contextlib.ExitStack()
     try:
         store, cluster = stack.enter_context(
-            mooncake_store(extra_config, environ, segment_bytes=segment_bytes)
+            mooncake_store(
+                extra_config,
+                environ,
+                segment_bytes=segment_bytes,
+                provide_host_memory=provide_host_memory,
+            )
         )
     except BaseException:
         stack.close()

@@ -37,7 +37,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
-from hicache.bootstrap.storage import open_store
 from hicache.domain import CacheStateError, ConfigError
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedSettings, BoundedStorage
@@ -98,11 +97,11 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
             raise ConfigError("HiCacheConnector needs vLLM's kv_cache_config (vLLM >= 0.32)")
         self.shape = Shape.of(vllm_config, kv_cache_config, self.settings)
         self.stats = ConnectorStats(process_counters())  # hicache's metrics: one per process
-        storage = self.settings.storage()
+        opened = self.settings.open_store()
         # every store call bounded by deadline_s + grace_s (hicache.engine.bounded)
         self.store: BoundedStorage | None = (
-            BoundedStorage(open_store(storage), BoundedSettings(**self.settings.bounds()))
-            if storage is not None
+            BoundedStorage(opened, BoundedSettings(**self.settings.bounds()))
+            if opened is not None
             else None
         )
         self._scheduler: SchedulerConnector | None = None

@@ -31,6 +31,7 @@ from hicache.bootstrap.hicache_config import HiCacheConfig
 from hicache.domain import ConfigError, StorageSettings
 from hicache.domain.errors import shown
 from hicache.domain.limits import MAX_BYTES, bounded_seconds, is_finite_number
+from hicache.domain.storage import Store
 from hicache.domain.store_plugins import StorePlugin
 from hicache.integrations.vllm.load_policy import check_mode
 
@@ -103,6 +104,21 @@ class ConnectorSettings:
         if self.storage_backend == "directory":
             extra["root"] = self.storage_path
         return StorageSettings(backend=self.storage_backend, extra_config=extra)
+
+    def open_store(self) -> Store | None:
+        """The store these settings name (None without one), opened as hicache.bootstrap's
+        open_store does, except that Mooncake serves no store:mooncake host memory: the
+        connector registers its own host pages (Store.register), and vLLM at tp 1 runs the
+        scheduler and the worker in one process, each opening a store (a second store serving
+        that memory is refused)."""
+        from hicache.bootstrap.storage import open_mooncake, open_store
+
+        storage = self.storage()
+        if storage is None:
+            return None
+        if storage.backend == "mooncake":
+            return open_mooncake(storage.extra_config, provide_host_memory=False)
+        return open_store(storage)
 
     @classmethod
     def from_extra_config(
