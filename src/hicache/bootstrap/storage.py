@@ -4,6 +4,8 @@
 - register_store_factory / store_factories: the built-in stores by name ("directory", and
   "mooncake": Mooncake Store on the cluster its settings name, or on a local master and storage
   node started for it and stopped when the store closes); others through register_store_factory.
+- open_mooncake(config, provide_host_memory=True): the "mooncake" factory; without
+  ``provide_host_memory`` the store serves no store:mooncake host memory.
 - store_names: the names ``open_named_store`` accepts (built-ins, then entry points).
 - open_named_store: a store by name with its extra config.
 - open_store: the store that StorageSettings name.

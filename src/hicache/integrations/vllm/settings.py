@@ -10,6 +10,9 @@
   ``kv_connector_extra_config``, on top of the operator's ``$HICACHE_CONFIG`` file and
   ``HICACHE_*`` variables, which fill in what the extra config leaves out
   (docs/vllm.md, "Configuration").
+- ConnectorSettings.open_store(): the store they name (Mooncake serving no store:mooncake host
+  memory: the connector registers its own pages, and vLLM at tp 1 opens two stores in one
+  process).
 
 vLLM-free, so a bad config is refused before any memory is touched; the store's own extra
 config is checked by that store's settings parser (DirectorySettings.from_config,
