@@ -24,11 +24,13 @@ from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.tp_plan import TpHeads, writer_tag
 from hicache.integrations.vllm.tp_reads import LayerHeads, head_geometry
 from hicache.integrations.vllm.tp_sources import MAX_SWITCHES, WriterProbe, reader_keys
+from hicache.integrations.vllm.worker_host import address
 from tests.integrations.vllm.side_helpers import BS, Exists
 from tests.integrations.vllm.tp_reads_support import (
     BLOCKS,
     CONTENT,
     DST,
+    LAYERS,
     PAGES,
     TOKENS,
     close,
@@ -227,3 +229,41 @@ def test_a_probe_that_overran_its_bound_says_so_and_keeps_what_it_found() -> Non
     finally:
         store.release.set()
         storage.close()
+
+
+class _Registrations(DirectoryStore):
+    """A directory store that records what is registered with it and unregistered."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(DirectorySettings(root=root))
+        self.held: dict[int, int] = {}  # start -> bytes
+        self.unregistered: list[int] = []
+        self.sizes: list[int] = []
+
+    def register(self, regions: Sequence[memoryview]) -> None:
+        for view in regions:
+            self.held[address(view)] = view.nbytes
+            self.sizes.append(view.nbytes)
+
+    def unregister(self, start: int) -> None:
+        self.unregistered.append(start)
+        del self.held[start]
+
+
+def test_host_memory_and_staging_buffers_are_registered_and_unregistered_at_close(tmp_path: Path) -> None:
+    store = _Registrations(tmp_path)
+    everything = full(2)
+    write(store, everything, 2, 1)  # tp 1 objects: a tp 2 rank stages each whole
+    assert store.held == {}  # every writer's host memory unregistered at its close
+    for _ in range(2):
+        caches, expected, reads, _errors = read(store, everything, 2, 1, 2, 0)
+        assert all(e.ok for e in reads)
+        for name, want in expected.items():
+            assert torch.equal(caches[name][list(DST)], want[:PAGES])
+        assert store.held == {}  # host memory and staging unregistered at close
+    # each reader registered its host memory and one staging buffer for its three source
+    # objects (the tp 1 object: both heads of every layer), each unregistered
+    staging = PAGES * 2 * TOKENS * CONTENT * 2 * LAYERS
+    assert len(store.unregistered) == 1 + 2 * 2  # the writer: host memory; each reader: both
+    assert staging in store.sizes
+    store.close()

@@ -77,6 +77,8 @@ def transfers(
 def close(w: WorkerTransfers, store: Store) -> None:
     starts = [address(v) for v in w.tier.regions()]
     w.close()
+    if w.tp_reads is not None:  # as WorkerConnector.shutdown does
+        w.tp_reads.close()
     for start in starts:
         unregister(store, start)
 

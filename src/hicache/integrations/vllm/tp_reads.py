@@ -7,7 +7,8 @@
   ``[blocks, kv heads, block_size, K + V]`` contiguous: outer 1, a head one run of block_size
   x (K + V) bytes; a token-major layout (heads inside tokens) has outer block_size.
   ConfigError where the heads are not one dimension of a dense block.
-- TpReader(heads, ranks, rank, geometry).read_each(store, tier, keys, slots, writers): reads a
+- TpReader(heads, ranks, rank, geometry, store=...).read_each(store, tier, keys, slots, writers)
+  (close() at shutdown drops its staging buffer): reads a
   batch of pages into host slots in one bounded store call. A page of this server's own size,
   or whose plan is one whole object (tp_plan.is_direct: the same heads), is read in place;
   another is read object by object (the writer ranks holding this rank's heads,
@@ -105,6 +106,16 @@ class TpReader:
         self._plans: dict[int, tuple[tuple[Piece, ...], bool]] = {}
         self._lock = threading.Lock()
         self._spare: torch.Tensor | None = None  # a staging buffer no store call holds
+        self._closed = False
+
+    def close(self) -> None:
+        """Drop the spare staging buffer (unregistered); one a store call still holds is
+        dropped when that call ends. Reads after close allocate again."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+            self._closed = True
+        if spare is not None:
+            self._drop(spare)
 
     def _staging(self, nbytes: int) -> torch.Tensor | None:
         """``nbytes`` of host memory for source objects, registered with the store: the spare
@@ -137,7 +148,9 @@ class TpReader:
         drop: torch.Tensor | None = staging
         if staging.numel() <= SPARE_MAX_BYTES:
             with self._lock:
-                if self._spare is None or self._spare.numel() < staging.numel():
+                if self._closed:
+                    pass
+                elif self._spare is None or self._spare.numel() < staging.numel():
                     drop, self._spare = self._spare, staging  # the smaller one goes
         if drop is not None:
             self._drop(drop)

@@ -227,6 +227,8 @@ class WorkerConnector:
         if self._transfers is not None:
             starts = [address(v) for v in self._transfers.tier.regions()]
             self._transfers.close()
+            if self._transfers.tp_reads is not None:
+                self._transfers.tp_reads.close()
             if self.store is not None:  # the store closes next: nothing moves in between
                 for start in starts:
                     unregister(self.store.store, start)
