@@ -139,3 +139,25 @@ def test_one_sliding_window_group_is_a_dense_layout_over_vllms_null_blocks() -> 
     assert [name for name, _ in layout.kv] == ["w0", "w1"]
     assert layout.attn_sliding
     assert not layout_of(config(KVCacheGroupSpec(["l0"], attn()))).attn_sliding
+
+
+def test_one_sliding_window_group_beside_state_groups_is_its_attention_group() -> None:
+    """NemotronH with a sliding_window: every attention layer slides, no full-attention group;
+    the sliding group is saved as the attention group over vLLM's null blocks, with states."""
+    layout = layout_of(
+        config(KVCacheGroupSpec(["m0", "m1"], mamba()), KVCacheGroupSpec(["w0", "w1"], window()))
+    )
+    assert (layout.attn_group, layout.state_groups, layout.window_groups) == (1, (0,), ())
+    assert [name for name, _ in layout.kv] == ["w0", "w1"]
+    assert layout.attn_sliding
+    assert [name for name, _, _ in layout.state] == ["m0", "m1"]
+
+
+def test_two_sliding_window_groups_beside_state_groups_without_full_attention_are_refused() -> None:
+    groups = [
+        KVCacheGroupSpec(["m0"], mamba()),
+        KVCacheGroupSpec(["w0"], window()),
+        KVCacheGroupSpec(["w1"], window()),
+    ]
+    with pytest.raises(ConfigError, match="one sliding-window group beside state groups"):
+        layout_of(config(*groups))

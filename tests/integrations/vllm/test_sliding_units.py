@@ -339,3 +339,76 @@ def test_one_sliding_group_saves_no_block_vllm_freed_and_loads_none_into_its_nul
     (op,) = s.build([], lambda _r: []).loads
     assert op.blocks == (56, 57)
     assert op.keys == tuple(KEYS[6:8])
+
+
+# ---- one sliding-window group beside state groups (NemotronH with a sliding_window) ---------
+
+
+def sliding_state_side() -> SchedulerSide:
+    return SchedulerSide(
+        block_size=BS,
+        host_slots=16,
+        store=None,
+        store_keys=_store_keys,
+        write_storage=False,
+        save_decode=True,
+        ranks=1,
+        stats=ConnectorStats(),
+        state_groups=1,
+        state_slots=8,
+        null_blocks=True,
+    )
+
+
+def prefill_sliding_state(s: SchedulerSide, attn_ids: Sequence[int]) -> StepPlan:
+    """The prompt's 8 blocks in one step (vLLM holds ``attn_ids`` in its sliding group), the
+    state at boundary 8 saved; every save reported done."""
+    s.match("a", PROMPT, 0)
+    plan = s.build(
+        [Scheduled("a", PROMPT, 0, 8 * BS)],
+        lambda _r: list(attn_ids),
+        lambda _r: [list(range(200, 209))],
+    )
+    s.on_events([Event(Op.SAVE, op.key, True) for op in [*plan.saves, *plan.state_saves]])
+    return plan
+
+
+def test_a_sliding_group_beside_state_loads_only_its_window_and_the_state() -> None:
+    """vLLM allocates real blocks only for the window of the hit's end (blocks 6 and 7 here)
+    and the state group's block of the boundary: the pages of blocks 6 and 7 and the state at
+    8 are loaded, nothing into the null blocks, and every token of the hit counts as hit."""
+    s = sliding_state_side()
+    plan = prefill_sliding_state(s, range(10, 18))
+    assert [op.block for op in plan.saves] == list(range(10, 18))
+    assert [op.key for op in plan.state_saves] == [state_key(KEYS[7])]
+    assert s.match("b", PROMPT, 0) == (8 * BS, True)
+    s.after_alloc("b", [0, 0, 0, 0, 0, 0, 56, 57], 8 * BS, [[0, 0, 0, 0, 0, 0, 0, 307]])
+    plan = s.build([], lambda _r: [])
+    (op,) = plan.async_loads
+    assert op.blocks == (56, 57)
+    assert op.keys == tuple(KEYS[6:8])
+    assert op.state is not None
+    assert (op.state.key, op.state.blocks) == (state_key(KEYS[7]), (307,))
+    assert op.all_or_nothing
+    assert op.missing == ()
+    assert s.stats.snapshot()["hit_tokens_host"] == 8 * BS
+    assert s.index.pin_count(KEYS[7]) == 1
+    assert s.index.pin_count(KEYS[0]) == 0  # outside the window: neither pinned nor loaded
+
+
+def test_a_sliding_group_beside_state_saves_no_block_vllm_freed() -> None:
+    """A request that starts from vLLM's own hit: its sliding group's blocks before the
+    window are the null block and are not saved."""
+    s = sliding_state_side()
+    plan = prefill_sliding_state(s, [0, 0, 0, 0, 0, 15, 16, 17])
+    assert [op.block for op in plan.saves] == [15, 16, 17]
+
+
+def test_a_sliding_group_beside_state_with_a_page_lost_before_its_window_is_a_miss() -> None:
+    """Pages are needed from vLLM's own hit to the boundary (the dense rule of the attention
+    group), a stricter rule than the window: a lost page makes a miss, never a wrong load."""
+    s = sliding_state_side()
+    prefill_sliding_state(s, range(10, 18))
+    s.index.drop(KEYS[2])
+    assert s.match("b", PROMPT, 0) == (0, False)
+    assert s.match("c", PROMPT, 4 * BS) == (4 * BS, True)  # vLLM's own hit covers block 2

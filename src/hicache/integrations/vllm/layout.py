@@ -3,8 +3,10 @@
 - Layout / layout_of(kv_cache_config, mamba_cache_mode): the attention group, its layers and
   bytes per block, (hybrid models) the state groups and each state layer's used bytes, and
   (vLLM's hybrid KV cache manager on a sliding-window model) the sliding-window groups, each
-  sliding layer's bytes per block and the tokens a sliding layer needs before a boundary;
-  ConfigError for group layouts the connector cannot save.
+  sliding layer's bytes per block and the tokens a sliding layer needs before a boundary; one
+  sliding-window group with no full-attention group (every layer slides, or state groups beside
+  it) is the attention group over vLLM's null blocks (attn_sliding); ConfigError for group
+  layouts the connector cannot save.
 - Shape.of(vllm_config, kv_cache_config, settings): the Layout plus what follows from it and
   the settings: block size, host slots for KV pages and for states, the rank count and the
   namespace of store keys (model, dtype, block size, layout; the tensor parallel size only
@@ -59,8 +61,9 @@ class Layout:
     # extra retained tokens); vLLM keeps (and a hit needs) their blocks (hicache.integrations.
     # vllm.hybrid_hits.window_pages)
     window_tokens: int = 0
-    # the one attention group is a sliding-window group (every layer slides): vLLM's null block
-    # (id 0) stands for its freed blocks, which are neither saved nor loaded into
+    # the attention group is a sliding-window group (every layer slides; or the only attention
+    # group beside state groups): vLLM's null block (id 0) stands for its freed blocks, which
+    # are neither saved nor loaded into
     attn_sliding: bool = False
 
     def __repr__(self) -> str:
@@ -108,21 +111,24 @@ def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -
     attn = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, FullAttentionSpec)]
     sliding = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, SlidingWindowSpec)]
     mamba = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, MambaSpec)]
-    if len(attn) != 1 or len(attn) + len(sliding) + len(mamba) != len(groups):
+    # state groups beside one sliding-window group and no full-attention one (NemotronH with
+    # a sliding_window: every attention layer slides): that group is the attention group, over
+    # vLLM's null blocks as in a model whose every layer slides
+    sliding_only = not attn and len(sliding) == 1 and bool(mamba)
+    if len(sliding) + len(mamba) + len(attn) != len(groups) or not (len(attn) == 1 or sliding_only):
         raise ConfigError(
             f"HiCacheConnector: the model has KV cache groups {kinds}; supported are one "
             "attention group (dense models) or one full-attention group beside sliding-window "
             "groups and Mamba / linear attention state groups (hybrid models such as Gemma-3 "
-            "or Qwen3-Next); for other layouts start vLLM with "
-            "disable_hybrid_kv_cache_manager=True (--disable-hybrid-kv-cache-manager): one "
-            "attention group"
+            "or Qwen3-Next), or one sliding-window group beside state groups; for other "
+            "layouts start vLLM with disable_hybrid_kv_cache_manager=True "
+            "(--disable-hybrid-kv-cache-manager): one attention group"
         )
     if mamba and mamba_cache_mode != "align":
         raise ConfigError(
             f"HiCacheConnector: a hybrid model with mamba_cache_mode {mamba_cache_mode!r}; "
             "expected 'align' (vLLM's prefix caching of states: enable_prefix_caching=True)"
         )
-    spec = groups[attn[0]].kv_cache_spec
     state: list[tuple[str, int, int]] = []
     for pos, g in enumerate(mamba):
         mspec = groups[g].kv_cache_spec
@@ -131,6 +137,17 @@ def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -
             for shape, dtype in zip(mspec.shapes, mspec.dtypes, strict=True)
         )
         state.extend((name, pos, used) for name in groups[g].layer_names)
+    if sliding_only:
+        (g,) = sliding
+        spec = groups[g].kv_cache_spec
+        return Layout(
+            g,
+            tuple((name, spec.page_size_bytes) for name in groups[g].layer_names),
+            tuple(mamba),
+            tuple(state),
+            attn_sliding=True,
+        )
+    spec = groups[attn[0]].kv_cache_spec
     window: list[tuple[str, int, int]] = []
     reach: set[tuple[int, int]] = set()
     for pos, g in enumerate(sliding):

@@ -119,12 +119,16 @@ class LoadPlans(SideState):
             and len(window_blocks) == self.window_groups
         )
         slots: list[int] = []
+        into: list[int] = []  # the attention blocks the pages go to
         for b in range(hit.start, end if ok else hit.start):
+            if self.null_blocks and block_ids[b] == NULL_BLOCK:  # outside the window
+                continue
             slot = take(self.index, keys[b], b >= hit.host, taken)
             if slot is None:
                 ok = False
                 break
             slots.append(slot)
+            into.append(block_ids[b])
             if b >= hit.host and self.events is not None:
                 self.events.planned(req_id, b, keys[b])
         windows: list[StateLoad] | None = []
@@ -145,13 +149,14 @@ class LoadPlans(SideState):
         if not ok:  # nothing is loaded: give back what was taken; vLLM recomputes
             give_back(taken)
             pages, windows, state = [], [], None
+        missing = () if ok else block_ids[hit.start : end]
         op = LoadOp(
             req_id=req_id,
             keys=tuple(t[1] for t in pages),
             slots=tuple(slots[: len(pages)]),
-            blocks=tuple(block_ids[hit.start : hit.start + len(pages)]),
+            blocks=tuple(into[: len(pages)]),
             from_storage=tuple(t[2] for t in pages),
-            missing=() if ok else tuple(block_ids[hit.start : end]),
+            missing=tuple(b for b in missing if not (self.null_blocks and b == NULL_BLOCK)),
             state=state,
             all_or_nothing=True,
             windows=tuple(windows or ()),
@@ -159,10 +164,12 @@ class LoadPlans(SideState):
         self._async.append(op)
         if not ok:
             return 0, 0
-        host_blocks = sum(1 for t in pages if not t[2])
+        # the tokens restored: every block of the hit (the null blocks before a sliding
+        # attention group's window need no page: vLLM's model reads none of them)
+        host_blocks = min(end, hit.host) - hit.start
         self._hit_tokens[0] += host_blocks * self.block_size
-        self._hit_tokens[1] += (len(pages) - host_blocks) * self.block_size
-        return host_blocks, len(pages) - host_blocks
+        self._hit_tokens[1] += (end - hit.start - host_blocks) * self.block_size
+        return host_blocks, end - hit.start - host_blocks
 
     def hit_sources(self, req_id: str, num_external: int) -> tuple[int, int]:
         """How many of the ``num_external`` tokens vLLM accepted for ``req_id`` were planned
