@@ -37,7 +37,8 @@ class HiCacheLogger:
             return
         if self._stdlib.isEnabledFor(level):
             pairs = " ".join(f"{k}={v!r}" for k, v in fields.items())
-            self._stdlib.log(level, "%s %s", event, pairs)
+            # stacklevel 3: the record names the module that called info()/warning(), not this
+            self._stdlib.log(level, "%s %s", event, pairs, stacklevel=3)
 
     def debug(self, event: str, **fields: Any) -> None:
         self._emit(logging.DEBUG, "debug", event, fields)

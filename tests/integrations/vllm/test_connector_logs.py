@@ -3,6 +3,10 @@ failed store calls and failed copies (structlog, through hicache.engine.logs).""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +111,72 @@ def test_each_role_logs_one_start_line_with_its_tiers_store_and_keys(tmp_path: P
         assert (e["deadline_s"], e["grace_s"]) == (2.0, 1.0)
     assert started["worker"]["copier"] in ("memcpy", "torch")
     assert started["worker"]["rank"] == 0
+
+
+# what vLLM does as it starts an engine (vllm/logger.py configure_logging)
+VLLM_SETUP = (
+    "from vllm.config.logging import LoggingConfig; from vllm.logger import configure_logging; "
+    "configure_logging(LoggingConfig())"
+)
+_FOLLOW = """
+import logging, sys
+{setup}
+from hicache.integrations.vllm.logs import follow_vllm_logging, log
+print(follow_vllm_logging(), follow_vllm_logging(), file=sys.stdout, flush=True)
+log.info("vllm.connector_started", role="scheduler")
+log.warning("vllm.store_put_failed", status="timeout")
+"""
+
+
+def _follow(setup: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _FOLLOW.format(setup=setup)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+@pytest.mark.vllm
+def test_under_vllm_the_connector_lines_print_with_vllms_handler_and_level() -> None:
+    """vLLM configures only its ``vllm`` logger; without follow_vllm_logging hicache's lines
+    went nowhere (a NullHandler), so a `vllm serve` user saw no start line."""
+    require_vllm()
+    out = _follow(VLLM_SETUP, VLLM_LOGGING_LEVEL="INFO", VLLM_LOGGING_STREAM="ext://sys.stderr")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]  # a second call adds no second handler
+    lines = [ln for ln in out.stderr.splitlines() if "vllm.connector_started" in ln]
+    assert len(lines) == 1
+    # vLLM's format: level, time, [file:line] of the caller (here the -c text), not hicache's logger
+    assert re.search(
+        r"INFO \d\d-\d\d \d\d:\d\d:\d\d \[<string>:\d+\] vllm\.connector_started", lines[0]
+    )
+    assert "role='scheduler'" in lines[0]
+    assert sum("vllm.store_put_failed" in ln for ln in out.stderr.splitlines()) == 1
+
+
+@pytest.mark.vllm
+def test_vllms_level_and_its_switch_apply_to_the_connector_lines() -> None:
+    require_vllm()
+    quiet = _follow(
+        VLLM_SETUP, VLLM_LOGGING_LEVEL="WARNING", VLLM_LOGGING_STREAM="ext://sys.stderr"
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert "vllm.connector_started" not in quiet.stderr  # info, under vLLM's WARNING
+    assert "vllm.store_put_failed" in quiet.stderr
+    off = _follow(VLLM_SETUP, VLLM_CONFIGURE_LOGGING="0")
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.split() == ["False", "False"]
+    assert "vllm.connector_started" not in off.stderr + off.stdout
+
+
+def test_an_application_that_configured_logging_keeps_it_and_sees_each_line_once() -> None:
+    out = _follow(
+        "logging.basicConfig(level='INFO', format='APP %(name)s %(message)s'); "
+        "logging.getLogger('vllm').addHandler(logging.StreamHandler())"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+    lines = [ln for ln in out.stderr.splitlines() if "vllm.connector_started" in ln]
+    assert lines == ["APP hicache.vllm vllm.connector_started role='scheduler'"]

@@ -96,6 +96,14 @@ def test_the_documented_server_command_answers_a_completion_with_the_connector(
         while len(list(store.rglob("*.obj"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert len(list(store.rglob("*.obj"))) >= 2  # the prompt's blocks reached the store
+        # the connector's start line of each role, in vLLM's own log with no logging set-up
+        started = [
+            ln for ln in (tmp_path / "server.log").read_text().splitlines()
+            if "vllm.connector_started" in ln
+        ]  # fmt: skip
+        assert any("role='scheduler'" in ln for ln in started), started
+        assert any("role='worker'" in ln for ln in started), started
+        assert all(" INFO " in ln for ln in started), started
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

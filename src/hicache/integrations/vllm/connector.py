@@ -42,7 +42,7 @@ from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedSettings, BoundedStorage
 from hicache.integrations.vllm.exporter import export, process_counters
 from hicache.integrations.vllm.layout import Layout, Shape, layout_of
-from hicache.integrations.vllm.logs import log_start
+from hicache.integrations.vllm.logs import follow_vllm_logging, log_start
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.plan import store_key
 from hicache.integrations.vllm.scheduler_role import SchedulerConnector
@@ -84,6 +84,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        follow_vllm_logging()  # the connector's lines in vLLM's log, unless the app set its own
         extra = self._kv_transfer_config.kv_connector_extra_config
         policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
         if policy != "recompute":

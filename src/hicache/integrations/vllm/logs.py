@@ -3,6 +3,12 @@
 - log_start(role, shape, settings, **more): one ``vllm.connector_started`` line per role at
   start: the host tier (slots, bytes), state slots, the store and its namespace, the keys
   scheme, the copy backend and the store deadlines.
+- follow_vllm_logging(): where the application configured no logging of its own (no handler
+  on the root or the ``hicache`` logger), hicache's stdlib records go to the handlers vLLM
+  configured for its ``vllm`` logger, at vLLM's level: the connector's lines appear in vLLM's
+  log with vLLM's format, and vLLM's settings (``VLLM_LOGGING_LEVEL``,
+  ``VLLM_CONFIGURE_LOGGING=0``, ``VLLM_LOGGING_CONFIG_PATH``) apply to them. The connector
+  calls it when vLLM builds it, in every process that has a role.
 - RateLimitedWarnings: ``warn(kind, **fields)`` logs ``vllm.<kind>`` at most once per kind
   every ``interval_s`` seconds; the next line of that kind carries ``suppressed`` (how many
   were not logged since). ``warning_kind(operation, status)`` names the kind of a counted
@@ -14,6 +20,7 @@ vLLM- and torch-free.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -32,6 +39,30 @@ WARN_INTERVAL_S = 60.0
 KEYS_SCHEME = (
     "namespace/kv-r<rank>of<tp>/<chain hash of block tokens and extras> (state-r<rank> for states)"
 )
+
+
+class _ToVllm(logging.Handler):
+    """Hands each record to vLLM's ``vllm`` logger's handlers (its level, format, stream)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger("vllm").handle(record)
+
+
+def follow_vllm_logging() -> bool:
+    """Route hicache's stdlib logging to vLLM's (module docstring); True where it does (also
+    when an earlier call did), False where the application configured logging itself or vLLM
+    configured none (``VLLM_CONFIGURE_LOGGING=0``)."""
+    mine = logging.getLogger("hicache")
+    if any(isinstance(h, _ToVllm) for h in mine.handlers):
+        return True
+    own = [h for h in mine.handlers if not isinstance(h, logging.NullHandler)]
+    vllm = logging.getLogger("vllm")
+    if own or logging.getLogger().handlers or not vllm.handlers:
+        return False
+    mine.addHandler(_ToVllm())
+    if mine.level == logging.NOTSET:  # else the root's WARNING would drop the start line
+        mine.setLevel(vllm.getEffectiveLevel())
+    return True
 
 
 def log_start(
