@@ -53,3 +53,18 @@ def counted(result: dict[str, Any], phase: int, before: int, after: int) -> dict
     """What vLLM's counters of the connector grew by between two "metrics" steps."""
     old, new = result["phases"][phase][before], result["phases"][phase][after]
     return {k: v - old.get(k, 0) for k, v in new.items() if v != old.get(k, 0)}
+
+
+def bench_vllm_json(*args: str) -> dict[str, Any]:
+    """``hicache bench vllm ARGS --json`` in a child process; its JSON document (the child's
+    stderr tail in the failure message)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "hicache", "bench", "vllm", *args, "--json"],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]

@@ -311,7 +311,9 @@ def test_a_state_key_and_a_window_key_of_one_block_are_different_store_objects()
 # ---- one sliding-window group (a model whose every layer slides: a dense layout) ------------
 
 
-def dense_side() -> SchedulerSide:
+def dense_side(states: int = 0) -> SchedulerSide:
+    """One sliding group as the attention group (vLLM's null blocks), with ``states`` state
+    groups beside it."""
     return SchedulerSide(
         block_size=BS,
         host_slots=16,
@@ -321,6 +323,8 @@ def dense_side() -> SchedulerSide:
         save_decode=True,
         ranks=1,
         stats=ConnectorStats(),
+        state_groups=states,
+        state_slots=8 if states else 0,
         null_blocks=True,
     )
 
@@ -344,22 +348,6 @@ def test_one_sliding_group_saves_no_block_vllm_freed_and_loads_none_into_its_nul
 # ---- one sliding-window group beside state groups (NemotronH with a sliding_window) ---------
 
 
-def sliding_state_side() -> SchedulerSide:
-    return SchedulerSide(
-        block_size=BS,
-        host_slots=16,
-        store=None,
-        store_keys=_store_keys,
-        write_storage=False,
-        save_decode=True,
-        ranks=1,
-        stats=ConnectorStats(),
-        state_groups=1,
-        state_slots=8,
-        null_blocks=True,
-    )
-
-
 def prefill_sliding_state(s: SchedulerSide, attn_ids: Sequence[int]) -> StepPlan:
     """The prompt's 8 blocks in one step (vLLM holds ``attn_ids`` in its sliding group), the
     state at boundary 8 saved; every save reported done."""
@@ -377,7 +365,7 @@ def test_a_sliding_group_beside_state_loads_only_its_window_and_the_state() -> N
     """vLLM allocates real blocks only for the window of the hit's end (blocks 6 and 7 here)
     and the state group's block of the boundary: the pages of blocks 6 and 7 and the state at
     8 are loaded, nothing into the null blocks, and every token of the hit counts as hit."""
-    s = sliding_state_side()
+    s = dense_side(states=1)
     plan = prefill_sliding_state(s, range(10, 18))
     assert [op.block for op in plan.saves] == list(range(10, 18))
     assert [op.key for op in plan.state_saves] == [state_key(KEYS[7])]
@@ -399,7 +387,7 @@ def test_a_sliding_group_beside_state_loads_only_its_window_and_the_state() -> N
 def test_a_sliding_group_beside_state_saves_no_block_vllm_freed() -> None:
     """A request that starts from vLLM's own hit: its sliding group's blocks before the
     window are the null block and are not saved."""
-    s = sliding_state_side()
+    s = dense_side(states=1)
     plan = prefill_sliding_state(s, [0, 0, 0, 0, 0, 15, 16, 17])
     assert [op.block for op in plan.saves] == [15, 16, 17]
 
@@ -407,7 +395,7 @@ def test_a_sliding_group_beside_state_saves_no_block_vllm_freed() -> None:
 def test_a_sliding_group_beside_state_with_a_page_lost_before_its_window_is_a_miss() -> None:
     """Pages are needed from vLLM's own hit to the boundary (the dense rule of the attention
     group), a stricter rule than the window: a lost page makes a miss, never a wrong load."""
-    s = sliding_state_side()
+    s = dense_side(states=1)
     prefill_sliding_state(s, range(10, 18))
     s.index.drop(KEYS[2])
     assert s.match("b", PROMPT, 0) == (0, False)

@@ -250,7 +250,9 @@ class _Registrations(DirectoryStore):
         del self.held[start]
 
 
-def test_host_memory_and_staging_buffers_are_registered_and_unregistered_at_close(tmp_path: Path) -> None:
+def test_host_memory_and_staging_buffers_are_registered_and_unregistered_at_close(
+    tmp_path: Path,
+) -> None:
     store = _Registrations(tmp_path)
     everything = full(2)
     write(store, everything, 2, 1)  # tp 1 objects: a tp 2 rank stages each whole

@@ -4,15 +4,12 @@ column left empty with its reason on the CPU (vLLM runs it on GPUs only)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hicache.integrations.vllm.bench import OFFLOADING_CPU_SKIP, make_tiny_llama
-from tests.integrations.vllm.real_vllm import ROOT, child_env
+from tests.integrations.vllm.real_vllm import bench_vllm_json
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -21,24 +18,10 @@ def test_bench_vllm_on_cpu_reports_each_configuration_and_skips_offloading_namin
     tmp_path: Path,
 ) -> None:
     model = make_tiny_llama(tmp_path / "model")  # 2 layers, hidden 256
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hicache",
-            "bench",
-            "vllm",
-            *("--model", str(model), "--prompt-tokens", "256", "--repeats", "1"),
-            *("--tokens", "4", "--device", "cpu", "--json"),
-        ],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=840,
+    doc = bench_vllm_json(
+        *("--model", str(model), "--prompt-tokens", "256", "--repeats", "1"),
+        *("--tokens", "4", "--device", "cpu"),
     )
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    doc = json.loads(proc.stdout)
     assert doc["device"] == "cpu"
     # the block size is 32: a hit is every full block but the one holding the last token
     for name in ("vllm_prefix_cache", "hicache_host", "hicache_storage", "example_connector"):

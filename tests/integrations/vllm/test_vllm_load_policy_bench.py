@@ -3,15 +3,12 @@ and that the baselines did what they say (always loads every hit, never loads no
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hicache.integrations.vllm.bench import make_tiny_llama
-from tests.integrations.vllm.real_vllm import ROOT, child_env
+from tests.integrations.vllm.real_vllm import bench_vllm_json
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -20,32 +17,10 @@ POLICIES = {"measured", "always", "never"}
 
 def test_slow_store_bench_reports_every_policy_in_both_cases(tmp_path: Path) -> None:
     model = make_tiny_llama(tmp_path / "model")  # 2 layers, hidden 256; the bench's lengths
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hicache",
-            "bench",
-            "vllm",
-            "--slow-store",
-            "--model",
-            str(model),
-            "--prompt-tokens",
-            "256",
-            "--repeats",
-            "1",
-            "--read-mib-s",
-            "64",
-            "--json",
-        ],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=840,
+    doc = bench_vllm_json(
+        *("--slow-store", "--model", str(model), "--prompt-tokens", "256"),
+        *("--repeats", "1", "--read-mib-s", "64"),
     )
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    doc = json.loads(proc.stdout)
     assert doc["prompt_tokens"] == 256
     assert doc["read_mib_s"] == 64
     for case in ("fast_host", "slow_store"):
