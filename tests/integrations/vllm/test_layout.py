@@ -151,6 +151,8 @@ def test_one_sliding_window_group_beside_state_groups_is_its_attention_group() -
     assert [name for name, _ in layout.kv] == ["w0", "w1"]
     assert layout.attn_sliding
     assert [name for name, _, _ in layout.state] == ["m0", "m1"]
+    assert layout.window_tokens == 127  # a hit needs the blocks of the 127 tokens before it
+    assert "window_tokens=127" in repr(layout)  # in the store namespace
 
 
 def test_two_sliding_window_groups_beside_state_groups_without_full_attention_are_refused() -> None:

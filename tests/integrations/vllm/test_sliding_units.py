@@ -311,13 +311,13 @@ def test_a_state_key_and_a_window_key_of_one_block_are_different_store_objects()
 # ---- one sliding-window group (a model whose every layer slides: a dense layout) ------------
 
 
-def dense_side(states: int = 0) -> SchedulerSide:
+def dense_side(states: int = 0, store: Exists | None = None) -> SchedulerSide:
     """One sliding group as the attention group (vLLM's null blocks), with ``states`` state
-    groups beside it."""
+    groups beside it (then a hit needs only the last WINDOW_TOKENS' pages)."""
     return SchedulerSide(
         block_size=BS,
         host_slots=16,
-        store=None,
+        store=BoundedStorage(store) if store is not None else None,  # type: ignore[arg-type]
         store_keys=_store_keys,
         write_storage=False,
         save_decode=True,
@@ -325,6 +325,7 @@ def dense_side(states: int = 0) -> SchedulerSide:
         stats=ConnectorStats(),
         state_groups=states,
         state_slots=8 if states else 0,
+        window_tokens=WINDOW_TOKENS if states else 0,
         null_blocks=True,
     )
 
@@ -392,11 +393,48 @@ def test_a_sliding_group_beside_state_saves_no_block_vllm_freed() -> None:
     assert [op.block for op in plan.saves] == [15, 16, 17]
 
 
-def test_a_sliding_group_beside_state_with_a_page_lost_before_its_window_is_a_miss() -> None:
-    """Pages are needed from vLLM's own hit to the boundary (the dense rule of the attention
-    group), a stricter rule than the window: a lost page makes a miss, never a wrong load."""
+@pytest.mark.parametrize(("lost", "hit"), [(2, 8), (0, 8), (6, 0), (7, 0)])
+def test_a_sliding_group_beside_state_needs_only_the_pages_of_its_window(
+    lost: int, hit: int
+) -> None:
+    """Boundary 8 (the only one with a state) needs pages 6 and 7: a page lost before them
+    costs nothing, one of them lost makes a miss, never a wrong load."""
     s = dense_side(states=1)
     prefill_sliding_state(s, range(10, 18))
-    s.index.drop(KEYS[2])
-    assert s.match("b", PROMPT, 0) == (0, False)
-    assert s.match("c", PROMPT, 4 * BS) == (4 * BS, True)  # vLLM's own hit covers block 2
+    s.index.drop(KEYS[lost])
+    assert s.match("b", PROMPT, 0) == (hit * BS, hit > 0)
+
+
+def test_a_sliding_group_beside_state_reads_its_window_and_state_from_the_store() -> None:
+    """A new server (empty host tier): the store holds pages 6 and 7 and the state at 8 only;
+    the hit reads those three, and its tokens count as the store's for those two pages."""
+    store = Exists()
+    for p in (6, 7):
+        store.add(KEYS[p])
+    store.add(state_key(KEYS[7]))
+    s = dense_side(states=1, store=store)
+    assert s.match("b", PROMPT, 0) == (8 * BS, True)
+    s.after_alloc("b", [0, 0, 0, 0, 0, 0, 56, 57], 8 * BS, [[0, 0, 0, 0, 0, 0, 0, 307]])
+    (op,) = s.build([], lambda _r: []).async_loads
+    assert (op.keys, op.blocks, op.from_storage) == (tuple(KEYS[6:8]), (56, 57), (True, True))
+    assert op.state is not None
+    assert op.state.from_storage
+    assert s.hit_sources("b", 8 * BS) == (6 * BS, 2 * BS)
+    got = s.stats.snapshot()
+    assert (got["hit_tokens_host"], got["hit_tokens_storage"]) == (6 * BS, 2 * BS)
+
+
+def test_a_sliding_group_beside_state_whose_blocks_vllm_keeps_lack_a_page_loads_nothing() -> None:
+    """vLLM keeps blocks 5..7 (a wider window than hicache planned) and page 5 is gone: the
+    request is recomputed whole and nothing stays pinned."""
+    s = dense_side(states=1)
+    prefill_sliding_state(s, range(10, 18))
+    assert s.match("b", PROMPT, 0) == (8 * BS, True)
+    s.index.drop(KEYS[5])
+    s.after_alloc("b", [0, 0, 0, 0, 0, 55, 56, 57], 8 * BS, [[0, 0, 0, 0, 0, 0, 0, 307]])
+    (op,) = s.build([], lambda _r: []).async_loads
+    assert (op.keys, op.state) == ((), None)
+    assert op.missing == (55, 56, 57)
+    assert s.index.pin_count(KEYS[7]) == 0
+    assert s.states is not None
+    assert s.states.pin_count(state_key(KEYS[7])) == 0

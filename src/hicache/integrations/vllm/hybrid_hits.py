@@ -62,6 +62,9 @@ class HybridHit:
     host: int  # KV blocks [start, host) are on host, [host, end) in the store
     state_from_store: bool | None  # None: the model has no state groups
     windows: dict[int, bool]  # window page index -> from the store, for the hit's window
+    # a sliding attention group (kv_window): KV page index -> from the store, for the pages of
+    # the hit's window (the only ones loaded); empty otherwise (``host`` splits the pages)
+    kv: dict[int, bool] = attrs.field(factory=dict)
 
 
 InStore = Callable[[Sequence[bytes]], list[bool]]
@@ -78,25 +81,33 @@ def match_hybrid(
     window_size: int,
     bad: set[bytes],
     in_store: InStore,
+    kv_window: int = 0,
 ) -> HybridHit | None:
     """The deepest boundary in (start, limit] the connector can restore; None when none.
 
-    KV pages: the host run from ``start``, then the store run after it. Then the states at
-    each boundary and the window pages of blocks ``[start, kv_end)``, from host or (one store
-    call for all of them) the store; usable_boundary picks the boundary. ``bad``: keys whose
-    read or load failed (never offered).
+    KV pages: the host run from ``start``, then the store run after it; with ``kv_window``
+    (the attention group slides) every page held on host or in the store (one call), of which
+    a boundary needs only the last ``kv_window``. Then the states at each boundary and the
+    window pages of blocks ``[start, kv_end)``, from host or (one store call for all of them)
+    the store; usable_boundary picks the boundary. ``bad``: keys whose read or load failed
+    (never offered).
     """
-    i = start
-    while i < limit and keys[i] not in bad and index.lookup(keys[i]) is not None:
-        i += 1
-    host = i
-    run = 0
-    while i + run < limit and keys[i + run] not in bad and not index.known(keys[i + run]):
-        run += 1
-    if run:
-        there = in_store(keys[i : i + run])
-        run = there.index(False) if False in there else run
-    kv_end = i + run
+    kv_from: dict[int, bool] = {}  # kv_window: page -> from the store
+    if kv_window:
+        kv_end = _sliding_kv(keys, start, limit, index, bad, in_store, kv_from)
+        host = start
+    else:
+        i = start
+        while i < limit and keys[i] not in bad and index.lookup(keys[i]) is not None:
+            i += 1
+        host = i
+        run = 0
+        while i + run < limit and keys[i + run] not in bad and not index.known(keys[i + run]):
+            run += 1
+        if run:
+            there = in_store(keys[i : i + run])
+            run = there.index(False) if False in there else run
+        kv_end = i + run
     if kv_end <= start:
         return None
     where: dict[bytes, bool] = {}  # key -> from the store
@@ -119,6 +130,8 @@ def match_hybrid(
     if ask:
         where.update({k: True for k, ok in zip(ask, in_store(ask), strict=True) if ok})
     present: dict[PoolName, set[int]] = {PoolName.KV: set(range(kv_end))}
+    if kv_window:  # the sliding attention pages take the window rule (no window groups here)
+        present[PoolName.SWA] = set(range(start)) | set(kv_from)
     if states is not None:
         present[PoolName.MAMBA] = {
             j - 1 for j in range(start + 1, kv_end + 1) if state_key(keys[j - 1]) in where
@@ -127,13 +140,21 @@ def match_hybrid(
         present[PoolName.SWA] = set(range(start)) | {
             p for p in range(start, kv_end) if window_key(keys[p]) in where
         }
-    rules = hybrid_rules(window_size if windows is not None else 0, states is not None)
+    if kv_window and windows is not None:
+        raise ConfigError("a sliding attention group beside sliding-window groups: not a layout")
+    rules = hybrid_rules(
+        kv_window or (window_size if windows is not None else 0), states is not None
+    )
     end = usable_boundary(rules, kv_end, has_from_sets(present))
     if end <= start:
         return None
+    kv = {p: kv_from[p] for p in range(max(start, end - kv_window), end)} if kv_window else {}
+    if kv_window:  # the hit's tokens split by tier: the store's are the pages read from it
+        host = end - sum(kv.values())
     return HybridHit(
         end=end,
         host=min(max(host, start), end),
+        kv=kv,
         state_from_store=where[state_key(keys[end - 1])] if states is not None else None,
         windows=(
             {p: where[window_key(keys[p])] for p in range(max(start, end - window_size), end)}
@@ -141,6 +162,31 @@ def match_hybrid(
             else {}
         ),
     )
+
+
+def _sliding_kv(
+    keys: Sequence[bytes],
+    start: int,
+    limit: int,
+    index: HostPages,
+    bad: set[bytes],
+    in_store: InStore,
+    kv_from: dict[int, bool],
+) -> int:
+    """Every KV page of ``[start, limit)`` held on host or (one store call) in the store, into
+    ``kv_from`` (page -> from the store); the end of the last one (``start`` when none)."""
+    ask: list[int] = []
+    for p in range(start, limit):
+        if keys[p] in bad:
+            continue
+        if index.lookup(keys[p]) is not None:
+            kv_from[p] = False
+        elif not index.known(keys[p]):  # known but not ready: a save or read in flight
+            ask.append(p)
+    if ask:
+        there = in_store([keys[p] for p in ask])
+        kv_from.update({p: True for p, ok in zip(ask, there, strict=True) if ok})
+    return max(kv_from) + 1 if kv_from else start
 
 
 Taken = list[tuple[HostPages, bytes, bool]]  # (index, key, from the store): what to give back

@@ -80,6 +80,8 @@ class Layout:
                 f"window_tokens={self.window_tokens!r}",
             ]
         if self.attn_sliding:
+            if self.window_tokens and not self.window:  # beside state groups
+                fields.append(f"window_tokens={self.window_tokens!r}")
             fields.append("attn_sliding=True")
         return f"Layout({', '.join(fields)})"
 
@@ -140,11 +142,13 @@ def layout_of(kv_cache_config: KVCacheConfig, mamba_cache_mode: str = "align") -
     if sliding_only:
         (g,) = sliding
         spec = groups[g].kv_cache_spec
+        extra = int(getattr(spec, "extra_retained_tokens", 0))
         return Layout(
             g,
             tuple((name, spec.page_size_bytes) for name in groups[g].layer_names),
             tuple(mamba),
             tuple(state),
+            window_tokens=max(1, int(spec.sliding_window) - 1 + extra),
             attn_sliding=True,
         )
     spec = groups[attn[0]].kv_cache_spec

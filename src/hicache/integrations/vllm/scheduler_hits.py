@@ -112,6 +112,7 @@ class HitLookup(SideState):
             window_size=self.window_size,
             bad=self._bad,
             in_store=self._in_store,
+            kv_window=self.kv_window,
         )
         if hit is None:
             return 0, False

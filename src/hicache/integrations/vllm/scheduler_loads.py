@@ -120,16 +120,21 @@ class LoadPlans(SideState):
         )
         slots: list[int] = []
         into: list[int] = []  # the attention blocks the pages go to
+        sliding = hit.hybrid.kv  # a sliding attention group: the window's pages, by source
         for b in range(hit.start, end if ok else hit.start):
             if self.null_blocks and block_ids[b] == NULL_BLOCK:  # outside the window
                 continue
-            slot = take(self.index, keys[b], b >= hit.host, taken)
+            if self.kv_window and b not in sliding:  # vLLM keeps a block hicache has no page of
+                ok = False
+                break
+            from_store = sliding[b] if self.kv_window else b >= hit.host
+            slot = take(self.index, keys[b], from_store, taken)
             if slot is None:
                 ok = False
                 break
             slots.append(slot)
             into.append(block_ids[b])
-            if b >= hit.host and self.events is not None:
+            if from_store and self.events is not None:
                 self.events.planned(req_id, b, keys[b])
         windows: list[StateLoad] | None = []
         if ok and self.windows is not None:

@@ -102,6 +102,12 @@ class SideState:
         self.window_size = window_pages(window_tokens, block_size) if window_groups else 0
         # one sliding-window group: block id 0 is vLLM's null block (a freed block)
         self.null_blocks = null_blocks
+        # that sliding group beside state groups: a hybrid hit needs only its window's pages
+        self.kv_window = (
+            window_pages(window_tokens, block_size)
+            if null_blocks and window_tokens and state_groups and not window_groups
+            else 0
+        )
         # exists of every rank's key of a page, each call bounded (a hung store is a miss)
         self.store: BoundedTier | None = (
             store_tier(store, store_keys) if store is not None else None
