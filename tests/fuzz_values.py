@@ -108,7 +108,9 @@ HOSTILE_NUMBERS = st.one_of(
 HOSTILE_LEAVES = st.one_of(
     JSON_LEAVES,
     HOSTILE_NUMBERS,
-    st.just(3000).map(deep),  # past the recursion limit: walked, shown and refused without recursing
+    st.just(3000).map(
+        deep
+    ),  # past the recursion limit: walked, shown and refused without recursing
     st.builds(dict, st.lists(st.tuples(st.integers(), st.integers()), max_size=3)),  # int keys
     st.lists(st.tuples(st.text(max_size=6), JSON_LEAVES), max_size=3),  # pairs, not a mapping
 )

@@ -255,8 +255,13 @@ def test_every_name_parser_refuses_a_non_text_value_without_recursing(value: str
     from hicache.engine.storage_settings import PrefetchPolicy
 
     bad = {"deep": _deep(5000), "10**5000": 10**5000, "int": 3}[value]
-    for parse in (Layout.parse, PoolName.parse, WritePolicy.parse, PrefetchPolicy.parse,
-                  Checksum.parse):
+    for parse in (
+        Layout.parse,
+        PoolName.parse,
+        WritePolicy.parse,
+        PrefetchPolicy.parse,
+        Checksum.parse,
+    ):
         with pytest.raises(ConfigError) as e:
             parse(bad)
         assert len(str(e.value)) < 300

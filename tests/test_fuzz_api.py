@@ -288,7 +288,9 @@ def test_any_mapping_builds_a_config_or_is_a_config_error(doc: dict[Any, Any]) -
 
 @FUZZ
 @given(key=st.sampled_from([k.name for k in KEYS]), value=HOSTILE_DOCUMENTS)
-def test_any_value_of_any_key_is_accepted_bounded_or_a_config_error(key: str, value: object) -> None:
+def test_any_value_of_any_key_is_accepted_bounded_or_a_config_error(
+    key: str, value: object
+) -> None:
     result = _config_or_error(lambda: HiCacheConfig.from_mapping({key: value}))
     if isinstance(result, HiCacheConfig):
         got = result.value(key)
@@ -346,8 +348,18 @@ SECONDS = st.one_of(HOSTILE_NUMBERS, st.booleans(), st.text(max_size=4), st.none
 
 
 @FUZZ
-@given(field=st.sampled_from(["timeout_base_s", "timeout_per_ki_token_s", "timeout_max_s",
-                              "call_deadline_s", "breaker_cooldown_s"]), value=SECONDS)
+@given(
+    field=st.sampled_from(
+        [
+            "timeout_base_s",
+            "timeout_per_ki_token_s",
+            "timeout_max_s",
+            "call_deadline_s",
+            "breaker_cooldown_s",
+        ]
+    ),
+    value=SECONDS,
+)
 def test_storage_tier_seconds_are_finite_and_bounded_or_refused(field: str, value: object) -> None:
     extra = {"timeout_max_s": 1e6} if field != "timeout_max_s" else {}
     result = typed_or(lambda: StorageTierSettings(**{field: value}, **extra))
@@ -359,7 +371,9 @@ def test_storage_tier_seconds_are_finite_and_bounded_or_refused(field: str, valu
 
 @FUZZ
 @given(field=st.sampled_from(["timeout_s", "stale_tmp_s"]), value=SECONDS)
-def test_directory_store_seconds_are_finite_and_bounded_or_refused(field: str, value: object) -> None:
+def test_directory_store_seconds_are_finite_and_bounded_or_refused(
+    field: str, value: object
+) -> None:
     result = typed_or(lambda: DirectorySettings.from_config({field: value}))
     if isinstance(result, DirectorySettings):
         got = getattr(result, field)

@@ -197,10 +197,16 @@ def test_a_hostile_argument_to_the_sync_opener_is_a_typed_error(which: str, valu
 
 
 STORE_CALLS: dict[str, Callable[[DirectoryStore, object, int], object]] = {
-    "get": lambda s, v, i: s.get(*[[key(1)], [page(8)], None][:i], v, *[[page(8)]][: 1 - i])
-    if i < 2 else s.get([key(1)], [page(8)], deadline=v),
-    "put": lambda s, v, i: s.put(*[[key(1)], [page(8)]][:i], v, *[[page(8)]][: 1 - i])
-    if i < 2 else s.put([key(1)], [page(8)], deadline=v),
+    "get": lambda s, v, i: (
+        s.get(*[[key(1)], [page(8)], None][:i], v, *[[page(8)]][: 1 - i])
+        if i < 2
+        else s.get([key(1)], [page(8)], deadline=v)
+    ),
+    "put": lambda s, v, i: (
+        s.put(*[[key(1)], [page(8)]][:i], v, *[[page(8)]][: 1 - i])
+        if i < 2
+        else s.put([key(1)], [page(8)], deadline=v)
+    ),
     "exists": lambda s, v, i: s.exists(v) if i == 0 else s.exists([key(1)], deadline=v),
     "remove": lambda s, v, i: s.remove(v),
     "get one key": lambda s, v, i: s.get([v], [page(8)]),  # type: ignore[list-item]
@@ -226,8 +232,16 @@ def test_a_hostile_argument_to_a_store_is_a_status_or_a_typed_error(
     store.close()
 
 
-RUNTIME_ARGS = ["host_pins", "device_pins", "device_capacities", "huge_pages", "event_sets",
-                "backend", "name", "device_ownership"]
+RUNTIME_ARGS = [
+    "host_pins",
+    "device_pins",
+    "device_capacities",
+    "huge_pages",
+    "event_sets",
+    "backend",
+    "name",
+    "device_ownership",
+]
 
 
 @pytest.mark.parametrize(("arg", "value"), [(a, v) for a in RUNTIME_ARGS for v in HOSTILE])
@@ -239,8 +253,13 @@ def test_a_hostile_argument_to_open_runtime_is_refused_at_open(arg: str, value: 
         return
     rt._close_resources()  # accepted: it must be a value the runtime can use
     # None (the default), an empty per-pool mapping, True, a positive int or a name: usable.
-    assert HOSTILE[value]() is None or arg in ("device_capacities", "backend", "huge_pages",
-                                                 "event_sets", "name")
+    assert HOSTILE[value]() is None or arg in (
+        "device_capacities",
+        "backend",
+        "huge_pages",
+        "event_sets",
+        "name",
+    )
 
 
 @pytest.mark.parametrize(("where", "value"), [(w, v) for w in ("pairs", "count") for v in HOSTILE])

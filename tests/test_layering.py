@@ -18,8 +18,6 @@ from tests.fresh_imports import modules_after_import
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-
-
 def test_the_package_domain_engine_and_cache_face_load_without_torch() -> None:
     loaded = modules_after_import("hicache", "hicache.domain", "hicache.engine", "hicache.cache")
     assert {"hicache.engine", "hicache.cache.face", "hicache.cache.sync"} <= loaded

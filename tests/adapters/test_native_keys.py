@@ -92,10 +92,17 @@ def test_key_chain_holds_the_same_keys_with_the_native_chain_installed(native: N
     rng = random.Random(9)
     prompts = [[rng.randrange(200_000) for _ in range(n)] for n in (0, 31, 33, 2000)]
     set_chain_hasher(None)
-    want = [chain_keys(p, ps, prior=pr) for p in prompts for ps in (1, 16) for pr in (None, b"\x02" * 32)]
+    want = [
+        chain_keys(p, ps, prior=pr)
+        for p in prompts
+        for ps in (1, 16)
+        for pr in (None, b"\x02" * 32)
+    ]
     installed, _ = install_native_keys()
     assert installed
-    got = [key_chain(p, ps, prior=pr) for p in prompts for ps in (1, 16) for pr in (None, b"\x02" * 32)]
+    got = [
+        key_chain(p, ps, prior=pr) for p in prompts for ps in (1, 16) for pr in (None, b"\x02" * 32)
+    ]
     assert got == want
     assert [g.blob for g in got] == [b"".join(w) for w in want]
 

@@ -44,18 +44,6 @@ STORE = HostMemory(MemoryKind("store:mooncake"), Pinning.AUTO)
 # Geometries of every pool kind (small; K and V head dims differ on purpose).
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 # -- dtypes ------------------------------------------------------------------------------------
 
 
@@ -288,8 +276,6 @@ def test_allocate_checks_capacity() -> None:
         DevicePool.allocate(no_cap)
     pool = DevicePool.allocate(no_cap, capacity=8)
     assert pool.pages == 2
-
-
 
 
 def test_wrap_adopts_framework_tensors_without_copying() -> None:

@@ -79,6 +79,4 @@ async def test_an_injected_copy_failure_fails_the_op_and_leaks_nothing(op: str) 
         assert len(engine.host_pins) == 0
         assert len(engine.device_pins) == 0
         stats = engine.statistics()
-        assert (stats.backups_failed, stats.loads_failed) == (
-            (1, 0) if op == "backup" else (0, 1)
-        )
+        assert (stats.backups_failed, stats.loads_failed) == ((1, 0) if op == "backup" else (0, 1))

@@ -30,8 +30,6 @@ time.sleep(120)
 """
 
 
-
-
 def start_and_kill_owner(nbytes: int, cleanup: list[str]) -> tuple[str, int]:
     """A fresh process creates a segment and is killed with SIGKILL: (segment name, its pid)."""
     proc = subprocess.Popen(

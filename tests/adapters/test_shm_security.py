@@ -73,7 +73,10 @@ def _as_nobody(path: str) -> list[str]:
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     assert code != 64, "the child could not drop to nobody"
-    return [f"{what}: {'ALLOWED' if code >> bit & 1 else 'refused'}" for bit, (what, _) in enumerate(attempts)]
+    return [
+        f"{what}: {'ALLOWED' if code >> bit & 1 else 'refused'}"
+        for bit, (what, _) in enumerate(attempts)
+    ]
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")

@@ -169,7 +169,10 @@ def test_a_hung_store_host_makes_the_other_rank_miss_at_its_guard(tmp_path: Path
 def one_rank() -> Iterator[None]:
     assert not dist.is_initialized()
     dist.init_process_group(
-        "gloo", store=dist.HashStore(), rank=0, world_size=1,
+        "gloo",
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
         timeout=datetime.timedelta(seconds=30),
     )
     try:
@@ -183,8 +186,11 @@ def test_one_rank_agrees_with_itself_and_is_a_rank_agreement(one_rank: None) -> 
     assert isinstance(ranks, RankAgreement)
 
     async def calls() -> list[tuple[int, ...]]:
-        return [await ranks.agree_min((3, 1, 2)), await ranks.agree_min(()), await
-                ranks.agree_min([7])]
+        return [
+            await ranks.agree_min((3, 1, 2)),
+            await ranks.agree_min(()),
+            await ranks.agree_min([7]),
+        ]
 
     assert anyio.run(calls) == [(3, 1, 2), (), (7,)]
     stats = ranks.statistics()

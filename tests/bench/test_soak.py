@@ -35,7 +35,12 @@ async def test_a_short_soak_over_every_stack_leaks_nothing_and_restores_every_by
     assert any(k.startswith("store_") for k in kinds)
     assert set(report.operations) >= {"insert", "load", "prefetch", "cancel_load"}
     assert set(report.as_json()) >= {
-        "ops", "faults", "leaked_slots", "leaked_pins", "corrupt_pages", "seconds"
+        "ops",
+        "faults",
+        "leaked_slots",
+        "leaked_pins",
+        "corrupt_pages",
+        "seconds",
     }
     assert set(SoakSettings().stacks) == set(STACKS)
 

@@ -102,7 +102,9 @@ class Request:
                 self.bytes[(pool, page)] = fill_device(rt, pool, page, rng.randrange(1 << 30))
                 if pool is KV:
                     for side in sidecars(plan):
-                        self.bytes[(side, page)] = fill_device(rt, side, page, rng.randrange(1 << 30))
+                        self.bytes[(side, page)] = fill_device(
+                            rt, side, page, rng.randrange(1 << 30)
+                        )
         self.rules = cache.rules
 
     @classmethod
@@ -114,7 +116,9 @@ class Request:
         req.device, req.bytes, req.rules = other.device, other.bytes, rt.cache.rules
         return req
 
-    def insert_args(self) -> tuple[dict[PoolName, list[int | None]], dict[int, dict[PoolName, int]]]:
+    def insert_args(
+        self,
+    ) -> tuple[dict[PoolName, list[int | None]], dict[int, dict[PoolName, int]]]:
         pages: dict[PoolName, list[int | None]] = {KV: list(self.device[KV])}
         if SWA in self.device:
             pages[SWA] = list(self.device[SWA])
@@ -153,7 +157,9 @@ class Request:
 
 
 def window_pages(cache: HiCache) -> int:
-    return max((r.window_pages for r in cache.rules.rules if r.restore is Restore.WINDOW), default=0)
+    return max(
+        (r.window_pages for r in cache.rules.rules if r.restore is Restore.WINDOW), default=0
+    )
 
 
 def assert_clean(cache: HiCache) -> None:

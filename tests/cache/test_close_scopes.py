@@ -55,7 +55,9 @@ async def test_a_cancelled_aclose_inside_the_body_ends_at_the_callers_scope(how:
 
 
 @pytest.mark.asyncio
-async def test_a_cache_runtime_closed_by_hand_inside_a_cancelled_scope_leaves_scopes_in_order() -> None:
+async def test_a_cache_runtime_closed_by_hand_inside_a_cancelled_scope_leaves_scopes_in_order() -> (
+    None
+):
     plan = dense_plan()
     async with open_cache(plan, backend="torch") as first:
         rt = open_cache(plan, backend="torch")

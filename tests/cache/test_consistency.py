@@ -25,14 +25,6 @@ from tests.engine.fakes import Rig
 KV, MAMBA = PoolName.KV, PoolName.MAMBA
 
 
-
-
-
-
-
-
-
-
 @pytest.mark.asyncio
 async def test_a_copy_failure_during_load_gives_every_slot_and_pin_back() -> None:
     rig = Rig(hybrid_plan())
@@ -106,7 +98,9 @@ async def test_cancellation_at_each_await_leaves_the_cache_consistent(where: str
                 elif where == "insert":
                     more = rig.device_slots.allocate({KV: 2, MAMBA: 1}).pages
                     await cache.insert(
-                        prompt(2, 50), {KV: list(more[KV])}, checkpoints={2: {MAMBA: more[MAMBA][0]}}
+                        prompt(2, 50),
+                        {KV: list(more[KV])},
+                        checkpoints={2: {MAMBA: more[MAMBA][0]}},
                     )
                 else:
                     await cache.evict(Tier.DEVICE, 100)
@@ -204,13 +198,16 @@ async def test_two_ranks_that_disagree_both_use_the_minimum() -> None:
     results: dict[int, tuple[int, int]] = {}
     settings = CacheSettings(checkpoints=CheckpointPolicy(every_pages=1))
     async with rigs[0].engine, rigs[1].engine:
-        caches = [HiCache(r.engine, settings=settings, ranks=group.rank(i)) for i, r in enumerate(rigs)]
+        caches = [
+            HiCache(r.engine, settings=settings, ranks=group.rank(i)) for i, r in enumerate(rigs)
+        ]
         async with caches[0], caches[1]:
             for i, (rig, cache) in enumerate(zip(rigs, caches, strict=True)):
                 pages = 3 if i == 0 else 2  # rank 1 cached less of the prefix
                 got = rig.device_slots.allocate({KV: pages, MAMBA: pages}).pages
                 await cache.insert(
-                    prompt(pages), {KV: list(got[KV])},
+                    prompt(pages),
+                    {KV: list(got[KV])},
                     checkpoints={b + 1: {MAMBA: s} for b, s in enumerate(got[MAMBA])},
                 )
 
@@ -306,12 +303,15 @@ async def test_a_boundary_one_rank_cannot_restore_is_cut_and_agreed_again() -> N
     settings = CacheSettings(checkpoints=CheckpointPolicy(every_pages=1))
     results: dict[int, int] = {}
     async with rigs[0].engine, rigs[1].engine:
-        caches = [HiCache(r.engine, settings=settings, ranks=group.rank(i)) for i, r in enumerate(rigs)]
+        caches = [
+            HiCache(r.engine, settings=settings, ranks=group.rank(i)) for i, r in enumerate(rigs)
+        ]
         async with caches[0], caches[1]:
             for rig, cache, mine in zip(rigs, caches, marks, strict=True):
                 got = rig.device_slots.allocate({KV: mine[-1], MAMBA: 2}).pages
                 await cache.insert(
-                    prompt(mine[-1]), {KV: list(got[KV])},
+                    prompt(mine[-1]),
+                    {KV: list(got[KV])},
                     checkpoints={b: {MAMBA: s} for b, s in zip(mine, got[MAMBA], strict=True)},
                 )
 

@@ -19,7 +19,9 @@ def test_the_documented_cache_serving_loop_runs(capsys: pytest.CaptureFixture[st
     exec(compile(blocks[0], str(DOC), "exec"), namespace)
     stats = namespace["stats"]
     assert isinstance(stats, dict)
-    assert stats["hit_tokens"]["storage"] == 8 * 16  # the second request found the prefix in storage
+    assert (
+        stats["hit_tokens"]["storage"] == 8 * 16
+    )  # the second request found the prefix in storage
     assert stats["prefetched_pages"] == 8
     assert stats["loaded_pages"] == 8
     assert stats["stored_pages"] >= 8

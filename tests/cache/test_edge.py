@@ -55,34 +55,73 @@ def _tokens(pages: int, first: int = 0) -> list[int]:
 
 
 def _used(rig: Rig) -> dict[PoolName, int]:
-    return {n: rig.device_slots.allocator(n).pages - f for n, f in rig.device_slots.free_counts().items()}
+    return {
+        n: rig.device_slots.allocator(n).pages - f
+        for n, f in rig.device_slots.free_counts().items()
+    }
 
 
 # Each: (name, the device pages and checkpoints of a 2-page insert given two allocated KV pages
 # ``a``, ``b`` and one allocated state slot ``s``, the error expected, a text it must name).
 Bad = Callable[[int, int, int], tuple[dict[Any, Any], Any]]
 BAD_IDS: list[tuple[str, Bad, type[HiCacheError], str]] = [
-    ("never allocated", lambda a, b, s: ({KV: [a, 7]}, {2: {MAMBA: s}}), SlotError,
-     r"device_pages\['kv'\]\[1\] = 7"),
-    ("repeated", lambda a, b, s: ({KV: [a, a]}, {2: {MAMBA: s}}), ConfigError,
-     r"device_pages\['kv'\]\[1\] and device_pages\['kv'\]\[0\]"),
-    ("out of range", lambda a, b, s: ({KV: [a, 10**6]}, {2: {MAMBA: s}}), ForeignIndexError,
-     "ids 0..7"),
+    (
+        "never allocated",
+        lambda a, b, s: ({KV: [a, 7]}, {2: {MAMBA: s}}),
+        SlotError,
+        r"device_pages\['kv'\]\[1\] = 7",
+    ),
+    (
+        "repeated",
+        lambda a, b, s: ({KV: [a, a]}, {2: {MAMBA: s}}),
+        ConfigError,
+        r"device_pages\['kv'\]\[1\] and device_pages\['kv'\]\[0\]",
+    ),
+    (
+        "out of range",
+        lambda a, b, s: ({KV: [a, 10**6]}, {2: {MAMBA: s}}),
+        ForeignIndexError,
+        "ids 0..7",
+    ),
     ("negative", lambda a, b, s: ({KV: [a, -1]}, {2: {MAMBA: s}}), ForeignIndexError, "-1"),
     ("a bool", lambda a, b, s: ({KV: [a, True]}, {2: {MAMBA: s}}), ForeignIndexError, "True"),
     ("a text id", lambda a, b, s: ({KV: [a, "1"]}, {2: {MAMBA: s}}), ForeignIndexError, "'1'"),
-    ("checkpoint never allocated", lambda a, b, s: ({KV: [a, b]}, {2: {MAMBA: 3}}), SlotError,
-     r"checkpoints\[2\]\['mamba'\] = 3"),
-    ("checkpoint slot out of range", lambda a, b, s: ({KV: [a, b]}, {2: {MAMBA: 99}}),
-     ForeignIndexError, r"checkpoints\[2\]\['mamba'\] = 99"),
-    ("page map not a mapping", lambda a, b, s: ([a, b], {2: {MAMBA: s}}), ConfigError,
-     "device_pages must be a mapping"),
-    ("checkpoints not a mapping", lambda a, b, s: ({KV: [a, b]}, [s]), ConfigError,
-     "checkpoints must be a mapping"),
-    ("checkpoint slots not a mapping", lambda a, b, s: ({KV: [a, b]}, {2: s}), ConfigError,
-     r"checkpoints\[2\] must be a mapping"),
-    ("page ids not a sequence", lambda a, b, s: ({KV: a}, {2: {MAMBA: s}}), ConfigError,
-     r"device_pages\['kv'\] must be a sequence"),
+    (
+        "checkpoint never allocated",
+        lambda a, b, s: ({KV: [a, b]}, {2: {MAMBA: 3}}),
+        SlotError,
+        r"checkpoints\[2\]\['mamba'\] = 3",
+    ),
+    (
+        "checkpoint slot out of range",
+        lambda a, b, s: ({KV: [a, b]}, {2: {MAMBA: 99}}),
+        ForeignIndexError,
+        r"checkpoints\[2\]\['mamba'\] = 99",
+    ),
+    (
+        "page map not a mapping",
+        lambda a, b, s: ([a, b], {2: {MAMBA: s}}),
+        ConfigError,
+        "device_pages must be a mapping",
+    ),
+    (
+        "checkpoints not a mapping",
+        lambda a, b, s: ({KV: [a, b]}, [s]),
+        ConfigError,
+        "checkpoints must be a mapping",
+    ),
+    (
+        "checkpoint slots not a mapping",
+        lambda a, b, s: ({KV: [a, b]}, {2: s}),
+        ConfigError,
+        r"checkpoints\[2\] must be a mapping",
+    ),
+    (
+        "page ids not a sequence",
+        lambda a, b, s: ({KV: a}, {2: {MAMBA: s}}),
+        ConfigError,
+        r"device_pages\['kv'\] must be a sequence",
+    ),
 ]
 
 
@@ -206,7 +245,9 @@ async def test_too_few_pages_says_what_was_expected_once() -> None:
     rig = Rig(dense_plan())
     async with rig.engine, HiCache(rig.engine) as cache:
         exact = list(range(2 * PS))  # no partial page: one count is right, say it once
-        with pytest.raises(ConfigError, match=r"has 1 pages for 8 tokens of page size 4: expected 2$"):
+        with pytest.raises(
+            ConfigError, match=r"has 1 pages for 8 tokens of page size 4: expected 2$"
+        ):
             await cache.insert(exact, {KV: [0]})
         with pytest.raises(ConfigError, match=r"expected 2 \(full pages\) or 3 \(with the partial"):
             await cache.insert(_tokens(2), {KV: [0]})
@@ -240,8 +281,11 @@ def test_the_sliding_window_comes_from_the_plan_and_a_conflicting_setting_names_
     rules = GroupRules.from_plan(plan)  # no setting needed
     assert [r.window_pages for r in rules.rules if r.restore is Restore.WINDOW] == [8]
     assert GroupRules.from_plan(plan, sliding_window=128) == rules  # the same: allowed
-    with pytest.raises(ConfigError, match=r"sliding_window=64 conflicts with the plan's sliding "
-                                          r"window 128 \(ModelSpec.sliding_window of 'gpt_oss'\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"sliding_window=64 conflicts with the plan's sliding "
+        r"window 128 \(ModelSpec.sliding_window of 'gpt_oss'\)",
+    ):
         GroupRules.from_plan(plan, sliding_window=64)
     bare = attrs.evolve(plan, sliding_window=None)  # a plan built without a spec
     with pytest.raises(ConfigError, match=r"set CacheSettings\(sliding_window=tokens\)"):

@@ -92,7 +92,10 @@ async def test_a_fill_into_framework_owned_device_pages_takes_only_the_missing_p
             assert m.load_counts() == {MAMBA: 1}
             with pytest.raises(ConfigError, match=r"pass device_pages with \{'mamba': 1\} pages"):
                 await cache.load(m)
-            with pytest.raises(ConfigError, match=r"give \{'kv': 4, 'mamba': 1\} pages; this load needs \{'mamba': 1\}"):
+            with pytest.raises(
+                ConfigError,
+                match=r"give \{'kv': 4, 'mamba': 1\} pages; this load needs \{'mamba': 1\}",
+            ):
                 await cache.load(m, {KV: [0, 1, 2, 3], MAMBA: [3]})  # the KV is not wanted
             load = await cache.load(m, {MAMBA: [3]})  # wherever the framework wants it
             await load.wait()

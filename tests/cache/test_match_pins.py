@@ -32,7 +32,9 @@ class HeldAgreement:
 
 
 @pytest.mark.asyncio
-async def test_an_eviction_during_the_agreement_neither_breaks_the_match_nor_takes_its_pages() -> None:
+async def test_an_eviction_during_the_agreement_neither_breaks_the_match_nor_takes_its_pages() -> (
+    None
+):
     plan, settings = stack_plan("dense")
     ranks = HeldAgreement()
     async with open_cache(plan, backend="torch", settings=settings, ranks=ranks) as rt:
@@ -63,7 +65,9 @@ async def test_an_eviction_during_the_agreement_neither_breaks_the_match_nor_tak
 
 
 @pytest.mark.asyncio
-async def test_a_window_eviction_on_host_during_the_agreement_leaves_the_matched_window_loadable() -> None:
+async def test_a_window_eviction_on_host_during_the_agreement_leaves_the_matched_window_loadable() -> (
+    None
+):
     # The soak's "ConfigError: load: page ... has pools ['kv'] on HOST; a destination for
     # ['kv', 'swa']" (sliding stack): the window copies a match needs on host were evicted
     # between the match's read of the index and its pins. The pins now come first.

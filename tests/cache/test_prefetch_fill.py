@@ -36,7 +36,9 @@ STORE_THROUGH = WriteSettings(host="write_through", storage="write_through")
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("name", "pool"), [("state", MAMBA), ("parallel_hybrid", MAMBA), ("sliding", SWA)])
+@pytest.mark.parametrize(
+    ("name", "pool"), [("state", MAMBA), ("parallel_hybrid", MAMBA), ("sliding", SWA)]
+)
 async def test_a_pool_evicted_from_host_comes_back_from_the_store_byte_exact(
     name: str, pool: PoolName, tmp_path: Path
 ) -> None:

@@ -28,11 +28,6 @@ from tests.child_process import kill_after_first_line
 KV = PoolName.KV
 
 
-
-
-
-
-
 CHILD = """
 import logging, sys, anyio, structlog
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))

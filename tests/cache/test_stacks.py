@@ -56,7 +56,9 @@ async def test_a_hole_in_the_sliding_window_moves_the_boundary() -> None:
         keep = set(range(pages - window, pages))  # the framework kept only the last window
         swa_ids: list[int | None] = [p if i in keep else None for i, p in enumerate(swa[:pages])]
         await cache.insert(req.tokens, {PoolName.KV: kv_ids, PoolName.SWA: swa_ids})
-        rt.runtime.engine.free_device({PoolName.SWA: [swa[i] for i in range(pages) if i not in keep]})
+        rt.runtime.engine.free_device(
+            {PoolName.SWA: [swa[i] for i in range(pages) if i not in keep]}
+        )
         async with await cache.match(req.tokens) as m:
             assert m.device_pages == pages  # the window before page 12 is whole
         ten = req.tokens[: 10 * cache.page_size]

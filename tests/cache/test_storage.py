@@ -68,8 +68,6 @@ async def test_a_prefix_comes_back_from_the_directory_store_after_host_eviction_
 # ---- faults with FakeStore ------------------------------------------------------------------
 
 
-
-
 class Clock:
     """time.monotonic() plus a jump the test controls (store deadlines stay real)."""
 
@@ -84,7 +82,11 @@ def _faulty(store: FakeStore, clock: Clock | None = None, **tier: object) -> tup
     rig = Rig(dense_plan())
     settings = StorageTierSettings(**tier)  # type: ignore[arg-type]
     storage_tier = StorageTier(
-        store, FakeBuffers(), {KV: "ns"}, (KV,), settings,
+        store,
+        FakeBuffers(),
+        {KV: "ns"},
+        (KV,),
+        settings,
         **({"clock": clock} if clock is not None else {}),
     )
     storage = CacheStorage({KV: storage_tier}, anchor=KV)
@@ -216,7 +218,9 @@ async def test_write_back_evictions_wait_for_their_copies_down_each_tier() -> No
 
 
 @pytest.mark.asyncio
-async def test_host_pages_of_a_store_call_that_overran_are_held_until_the_store_is_healthy() -> None:
+async def test_host_pages_of_a_store_call_that_overran_are_held_until_the_store_is_healthy() -> (
+    None
+):
     store = FakeStore()
     rig, cache = _faulty(store, batch_pages=4)
     async with rig.engine, cache:

@@ -38,7 +38,9 @@ def test_the_table_is_one_line_per_path(capsys: pytest.CaptureFixture[str]) -> N
     assert out[0].endswith("0 errors, 0 leaks, 0 corrupt pages")
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--ops", "0"), ("--ops", "-3"), ("--concurrency", "0")])
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--ops", "0"), ("--ops", "-3"), ("--concurrency", "0")]
+)
 def test_a_bad_count_exits_2_with_one_line(
     capsys: pytest.CaptureFixture[str], flag: str, value: str
 ) -> None:

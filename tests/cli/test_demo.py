@@ -166,8 +166,10 @@ def test_a_restore_the_model_ignores_exits_1_with_one_line(
     out, err = capsys.readouterr()
     assert "DIFFER" in out
     assert len(err.strip().splitlines()[-1:]) == 1
-    assert err.strip().splitlines()[-1].startswith(
-        "hicache: error: a cached run differed from its recompute"
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("hicache: error: a cached run differed from its recompute")
     )
 
 

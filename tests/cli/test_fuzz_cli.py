@@ -61,8 +61,27 @@ SIZE_VALUES = [
 ]
 STRING_FLAGS = {
     "--layout": ["", "nope", "a" * 5000, "\x00", "page-first-direct!", "1"],
-    "--pool-layout": ["", "=", "kv=", "=page_first", "kv=nope", "nope=page_first", "kv=page_first=x"],
-    "--capacity": ["", "kv", "kv=", "kv=x", f"kv={HUGE}", f"kv={BIG}", "kv=0", "kv=-64", "kv=1.5", "swa=64"],
+    "--pool-layout": [
+        "",
+        "=",
+        "kv=",
+        "=page_first",
+        "kv=nope",
+        "nope=page_first",
+        "kv=page_first=x",
+    ],
+    "--capacity": [
+        "",
+        "kv",
+        "kv=",
+        "kv=x",
+        f"kv={HUGE}",
+        f"kv={BIG}",
+        "kv=0",
+        "kv=-64",
+        "kv=1.5",
+        "swa=64",
+    ],
     "--pp-split": ["", "nope", "VLLMX"],
     "--kv-dtype": ["nope", "float64", "int4"],
     "--ssm-dtype": ["", "nope", "float64"],
@@ -269,7 +288,9 @@ COUNT_VALUES = ["0", "-1", "1.5", "x", "", "1000000000000", HUGE, "nan"]
 
 def _newer_bench_cases() -> list[list[str]]:
     cases = [
-        [*cmd, flag, v] for cmd, flags in NEWER_COUNTS.items() for flag in flags
+        [*cmd, flag, v]
+        for cmd, flags in NEWER_COUNTS.items()
+        for flag in flags
         for v in COUNT_VALUES
     ]
     return [
@@ -339,7 +360,9 @@ def test_hostile_command_line_is_one_line_exit_2(
 NUMERIC_FLAGS = [*POSITIVE_INT_FLAGS, "--pp-rank", "--host-ratio", "--host-size", "--reserve"]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     flag=st.sampled_from(NUMERIC_FLAGS),
     value=st.one_of(

@@ -266,7 +266,10 @@ def bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "bad dtype": ([*m, "--kv-dtype", "float64"], "unknown dtype 'float64'"),
         "bad capacity": ([*m, "--capacity", "kv=lots"], "whole number of units, got 'lots'"),
         "capacity not pages": ([*m, "--capacity", "kv=100"], "whole number of pages of 64"),
-        "capacity unknown pool": ([*m, "--capacity", "swa=64"], "which model 'llama' does not have"),
+        "capacity unknown pool": (
+            [*m, "--capacity", "swa=64"],
+            "which model 'llama' does not have",
+        ),
         "tiny device": (
             [*m, "--device-tokens", "16"],
             "device_tokens=16 is not a whole number of pages of 64 tokens; use 64",

@@ -72,9 +72,7 @@ def test_shm_list_json_shows_owner_liveness_and_size(segments: tuple[str, str]) 
     assert by_name[dead]["owner_pid"] == int(dead.split("-")[1])
 
 
-def test_shm_gc_removes_dead_owners_segments_only(
-    segments: tuple[str, str], shm_dir: Path
-) -> None:
+def test_shm_gc_removes_dead_owners_segments_only(segments: tuple[str, str], shm_dir: Path) -> None:
     live, dead = segments
     proc = hicache("shm", "gc", "--json")
     assert proc.returncode == 0, proc.stderr

@@ -68,8 +68,10 @@ def test_bytes_per_pool_of_the_hybrid_demo_sum_to_the_face_totals() -> None:
     assert set(per["loaded"]) == {"kv", "indexer", "swa", "mamba"}
     assert per["loaded"]["indexer"] > 0  # the sidecar's bytes, counted under its own name
     for what, want in (
-        ("loaded", stats.bytes_loaded), ("backed_up", stats.bytes_backed_up),
-        ("prefetched", stats.bytes_prefetched), ("stored", stats.bytes_stored),
+        ("loaded", stats.bytes_loaded),
+        ("backed_up", stats.bytes_backed_up),
+        ("prefetched", stats.bytes_prefetched),
+        ("stored", stats.bytes_stored),
     ):
         assert sum(per[what].values()) == want > 0, what
         assert per[what] == {k: float(v) for k, v in stats.bytes_by_pool[what].items()} | {

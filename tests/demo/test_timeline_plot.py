@@ -136,7 +136,16 @@ def test_the_demo_records_a_timeline_for_every_host_and_storage_hit() -> None:
     timelines = result["_timelines"]
     assert [t["name"] for t in timelines] == ["turn 1", "branch"]
     for tl in timelines:
-        assert tl["kinds"] == ["sliding", "full", "state", "sliding", "full", "sliding", "state", "full"]
+        assert tl["kinds"] == [
+            "sliding",
+            "full",
+            "state",
+            "sliding",
+            "full",
+            "sliding",
+            "state",
+            "full",
+        ]
         assert [r["label"] for r in tl["runs"]] == ["host hit", "storage hit"]
         host, storage = tl["runs"]
         assert host["prefetch_s"] == 0.0

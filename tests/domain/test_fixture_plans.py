@@ -1,5 +1,6 @@
 """Plans of every bundled HuggingFace config, checked against byte counts worked out by hand
 (tests/domain/fixture_expectations.py holds the expected documents and their derivation)."""
+
 from __future__ import annotations
 
 import json

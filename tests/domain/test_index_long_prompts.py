@@ -23,14 +23,6 @@ from tests.domain.per_page_index import PerPageIndex, dropped, outcome
 KV = PoolName.KV
 
 
-
-
-
-
-
-
-
-
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_hits_actions_and_eviction_order_equal_the_per_page_index(page_size: int) -> None:
     rng = random.Random(page_size)

@@ -202,7 +202,9 @@ def test_overrides_that_take_the_whole_budget() -> None:
 
 
 def test_capacities_are_whole_pages() -> None:
-    plan = plan_stack(SPEC, settings(page_size=48, device_tokens=1008, sizing=BudgetSizing(7_777_777)))
+    plan = plan_stack(
+        SPEC, settings(page_size=48, device_tokens=1008, sizing=BudgetSizing(7_777_777))
+    )
     for p in plan.pools:
         assert p.capacity % p.page_size == 0
         assert p.capacity > 0

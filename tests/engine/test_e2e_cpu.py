@@ -36,14 +36,6 @@ BACKENDS = [
 ]
 
 
-
-
-
-
-
-
-
-
 def _plans() -> list[HostGroupPlan]:
     llama = plan_stack(
         load_model_spec("llama-3.1-8b-instruct"),

@@ -139,8 +139,6 @@ async def test_streams_that_refuse_work_fail_the_loads_not_the_engine() -> None:
         rig.close_streams()
 
 
-
-
 @pytest.mark.asyncio
 async def test_a_submission_that_cannot_start_keeps_its_operations_to_retry_or_cancel() -> None:
     streams = NoEventStreams()

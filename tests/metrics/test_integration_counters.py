@@ -38,7 +38,9 @@ def test_an_integrations_lookups_loads_saves_and_errors_are_scraped_by_source() 
     assert [v("hit_tokens_total", tier=t) for t in ("device", "host", "storage")] == [64, 384, 128]
     # misses cascade: device 700-64, host 636-384, storage (recomputed) 252-128
     assert [v("miss_tokens_total", tier=t) for t in ("device", "host", "storage")] == [
-        636, 252, 124
+        636,
+        252,
+        124,
     ]
     assert (v("loads_total", outcome="ok"), v("loads_total", outcome="failed")) == (1, 1)
     assert (v("loaded_pages_total"), v("loaded_bytes_total")) == (24, 6144)
@@ -48,9 +50,10 @@ def test_an_integrations_lookups_loads_saves_and_errors_are_scraped_by_source() 
     assert (v("saved_bytes_total"), v("save_seconds_count")) == (1024, 1)
     assert v("errors_total", operation="get", status="transient") == 2
     assert value(scrape, "hicache_integration_lookups_total", source="sglang") == 1
-    assert value(
-        scrape, "hicache_integration_miss_tokens_total", source="sglang", tier="storage"
-    ) == 64
+    assert (
+        value(scrape, "hicache_integration_miss_tokens_total", source="sglang", tier="storage")
+        == 64
+    )
 
 
 @pytest.mark.parametrize(

@@ -32,11 +32,6 @@ PAGE = 16
 TIERS = ("device", "host", "storage")
 
 
-
-
-
-
-
 def total(scrape: Samples, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples that carry ``labels`` (whatever their other labels)."""
     want = set(labels.items())
@@ -125,15 +120,19 @@ def test_a_scrape_in_the_frameworks_registry_shows_every_tiers_hits_and_misses(
     )
     # bytes per pool (this plan has one pool, kv), summing to the face's totals
     for name, want in (
-        ("loaded", stats.bytes_loaded), ("backed_up", stats.bytes_backed_up),
-        ("prefetched", stats.bytes_prefetched), ("stored", stats.bytes_stored),
+        ("loaded", stats.bytes_loaded),
+        ("backed_up", stats.bytes_backed_up),
+        ("prefetched", stats.bytes_prefetched),
+        ("stored", stats.bytes_stored),
     ):
         got = value(scrape, f"hicache_{name}_bytes_total", cache="rank0", pool="kv")
         assert got == total(scrape, f"hicache_{name}_bytes_total", cache="rank0") == want > 0
     for tier in ("device", "host"):
-        assert value(scrape, "hicache_evicted_pages_total", cache="rank0", tier=tier) == (
-            getattr(stats.evictions, tier)
-        ) > 0
+        assert (
+            value(scrape, "hicache_evicted_pages_total", cache="rank0", tier=tier)
+            == (getattr(stats.evictions, tier))
+            > 0
+        )
     # histograms: one successful load; every wait on it (one per transfer layer, and the
     # load's own waits at its end), summing to the exposed time
     assert value(scrape, "hicache_load_seconds_count", cache="rank0") == engine.loads == 1
@@ -153,8 +152,10 @@ def test_a_scrape_in_the_frameworks_registry_shows_every_tiers_hits_and_misses(
     store = {"cache": "rank0", "pool": "kv", "store": "directory"}
     assert value(scrape, "hicache_breaker_state", **store, state="closed") == 1
     assert value(scrape, "hicache_breaker_state", **store, state="open") == 0
-    assert value(scrape, "hicache_store_pages_total", **store, operation="write",
-                 outcome="ok") == stats.storage.pages_written_ok  # type: ignore[union-attr]
+    assert (
+        value(scrape, "hicache_store_pages_total", **store, operation="write", outcome="ok")
+        == stats.storage.pages_written_ok
+    )  # type: ignore[union-attr]
 
 
 def test_the_http_endpoint_on_an_ephemeral_loopback_port_serves_the_same_figures(
@@ -180,7 +181,10 @@ def test_serve_refuses_a_bad_port_and_a_port_already_taken() -> None:
     metrics = HiCacheMetrics()
     with pytest.raises(ConfigError, match=r"port must be an integer in 0\.\.65535 .* got 70000"):
         serve(metrics, 70000)
-    with serve(metrics, 0) as first, pytest.raises(ConfigError, match=f"127\\.0\\.0\\.1:{first.port}"):
+    with (
+        serve(metrics, 0) as first,
+        pytest.raises(ConfigError, match=f"127\\.0\\.0\\.1:{first.port}"),
+    ):
         serve(metrics, first.port)
 
 

@@ -127,8 +127,11 @@ def test_the_allocator_still_goes_through_the_one_resolution_point(plugins: str)
         ({"module_path": "hc_plugins.stores"}, ConfigError, "no 'class_name'"),
         ({"module_path": "../evil", "class_name": "X"}, ConfigError, "'../evil'"),
         # The plug-in's own code failing at import, or ending the process, is its failure:
-        ({"module_path": "hc_plugins.raises", "class_name": "X"}, ConfigError,
-         "RuntimeError: boom at import"),
+        (
+            {"module_path": "hc_plugins.raises", "class_name": "X"},
+            ConfigError,
+            "RuntimeError: boom at import",
+        ),
         ({"module_path": "hc_plugins.exits", "class_name": "X"}, ConfigError, "SystemExit: 3"),
         ({"module_path": "hc_plugins.stores", "class_name": "Exits"}, StoreError, "SystemExit: 4"),
         ({"module_path": "hc_plugins\x00x", "class_name": "X"}, ConfigError, "module_path"),

@@ -23,10 +23,6 @@ KINDS = ["mha", "mla", "indexer", "indexer_fp8", "state"]
 CASES = [(k, lay) for k in KINDS for lay in Layout if valid(k, lay)]
 
 
-
-
-
-
 @pytest.mark.parametrize(("kind", "layout"), CASES, ids=[f"{k}-{lay.value}" for k, lay in CASES])
 def test_a_page_put_from_one_host_pool_comes_back_byte_exact_in_another(
     tmp_path: Path, kind: str, layout: Layout

@@ -230,7 +230,9 @@ class NativeKeys:
         if n == 0:
             return []
         # One C-level split into n bytes objects (a Python slice loop costs about twice as much).
-        return list(struct.unpack(_KEY_FMT * n, self.blob(packed, page_bytes, prior, portable=portable)))
+        return list(
+            struct.unpack(_KEY_FMT * n, self.blob(packed, page_bytes, prior, portable=portable))
+        )
 
     def blob(
         self, packed: bytes, page_bytes: int, prior: bytes | None, *, portable: bool = False

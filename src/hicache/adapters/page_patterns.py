@@ -47,9 +47,7 @@ class DevicePatterns:
                 views.append((name, words, base.view(words.shape[0], words.shape[2])))
             self._views[p.name] = views
         anchor = plan.anchor.name
-        self._sidecars = {
-            anchor: tuple(p.name for p in plan.pools if p.role is PoolRole.SIDECAR)
-        }
+        self._sidecars = {anchor: tuple(p.name for p in plan.pools if p.role is PoolRole.SIDECAR)}
 
     @staticmethod
     def _seed(pool: PoolName, name: str, key: bytes) -> int:

@@ -153,9 +153,7 @@ class TorchRankAgreement:
         with anyio.move_on_after(self.deadline_s + self.grace_s):
             # Abandoned at the guard (a hung store): the thread ends on its own, its call's
             # keys are the only thing it touches.
-            await anyio.to_thread.run_sync(
-                self._run, call, mine, started, abandon_on_cancel=True
-            )
+            await anyio.to_thread.run_sync(self._run, call, mine, started, abandon_on_cancel=True)
         with self._lock:
             finished = call in self._outcomes
             outcome = self._outcomes.pop(call, None)
@@ -193,7 +191,9 @@ class TorchRankAgreement:
             log.error(
                 "tp agreement %d of rank %d: the store answered %s after this rank gave up "
                 "(deadline_s + grace_s): the ranks disagreed on this call",
-                call, self.rank, got,
+                call,
+                self.rank,
+                got,
             )
         elif not late and isinstance(got, str):
             self._missed_because(call, got)

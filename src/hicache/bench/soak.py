@@ -319,7 +319,10 @@ class _Soak:
         cache, rt = st.cache, st.rt
         cache.index.validate()
         leaked = 0
-        for tier, slots in ((Tier.DEVICE, rt.runtime.device_slots), (Tier.HOST, rt.runtime.host_slots)):
+        for tier, slots in (
+            (Tier.DEVICE, rt.runtime.device_slots),
+            (Tier.HOST, rt.runtime.host_slots),
+        ):
             held: dict[PoolName, set[int]] = {p: set() for p in st.owners}
             for key in st.keys:
                 where = cache.index.placement(tier, key) or {}
@@ -333,7 +336,9 @@ class _Soak:
                 leaked += abs(slots.allocator(pool).used_count() - len(held[pool]))
         stats = cache.index.statistics()
         engine = rt.runtime.engine
-        pins = stats.pinned.total + stats.in_flight + len(engine.host_pins) + len(engine.device_pins)
+        pins = (
+            stats.pinned.total + stats.in_flight + len(engine.host_pins) + len(engine.device_pins)
+        )
         return leaked, pins
 
 
@@ -422,8 +427,12 @@ async def soak(settings: SoakSettings) -> SoakReport:
             for st in stacks:
                 await st.cache.wait_idle()
                 if "leak_pins" in settings.sabotage and st.keys:
-                    key = next(k for k in sorted(st.keys) if st.cache.index.placement(
-                        Tier.HOST, k) or st.cache.index.placement(Tier.DEVICE, k))
+                    key = next(
+                        k
+                        for k in sorted(st.keys)
+                        if st.cache.index.placement(Tier.HOST, k)
+                        or st.cache.index.placement(Tier.DEVICE, k)
+                    )
                     tier = Tier.HOST if st.cache.index.placement(Tier.HOST, key) else Tier.DEVICE
                     st.cache.index.pin(tier, [key])
                 slots, pins = run.final_check(st)

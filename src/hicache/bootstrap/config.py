@@ -176,7 +176,7 @@ def bundled_models() -> list[str]:
 
 
 def _kind(path: Path) -> str:
-    """"dir", "file" (anything else that exists, FIFOs included) or "" (absent)."""
+    """ "dir", "file" (anything else that exists, FIFOs included) or "" (absent)."""
     try:
         st = os.stat(path)
     except ValueError as e:  # an embedded NUL byte

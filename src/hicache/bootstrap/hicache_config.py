@@ -378,7 +378,9 @@ class HiCacheConfig:
         }
 
     def __repr__(self) -> str:
-        changed = [f"{k}={shown(v)}" for k, v in self._values.items() if self._sources[k] != DEFAULT]
+        changed = [
+            f"{k}={shown(v)}" for k, v in self._values.items() if self._sources[k] != DEFAULT
+        ]
         return f"HiCacheConfig({', '.join(changed)})"
 
 
@@ -400,9 +402,7 @@ def resolve_runtime_options(config: object, given: Mapping[str, Any], call: str)
     the config's values. An argument passed with a value other than its default as well is a
     ConfigError naming it and the config key that covers it (never a silent choice)."""
     if not isinstance(config, HiCacheConfig):
-        raise ConfigError(
-            f"{call}: config must be a HiCacheConfig, got {type(config).__name__}"
-        )
+        raise ConfigError(f"{call}: config must be a HiCacheConfig, got {type(config).__name__}")
     for arg, value in given.items():
         if value != _RUNTIME_DEFAULTS[arg]:
             key = _RUNTIME_KEYS[arg]

@@ -121,8 +121,11 @@ class HiCache:
         self.work.tg = tg
         self._loop_thread = threading.get_ident()
         self._state = "open"
-        log.info("cache_opened", pools=[p.value for p in self.rules.names], store=self.storage
-                 is not None)
+        log.info(
+            "cache_opened",
+            pools=[p.value for p in self.rules.names],
+            store=self.storage is not None,
+        )
         return self
 
     async def __aexit__(self, exc_type: ExcType, exc: ExcValue, tb: ExcTraceback) -> None:
@@ -418,7 +421,7 @@ class _Snapshot(dict[str, int]):
         out: dict[str, dict[str, int]] = {}
         for name, n in self.items():
             if name.startswith(prefix) and ":" in name:
-                what, pool = name[len(prefix):].split(":", 1)
+                what, pool = name[len(prefix) :].split(":", 1)
                 out.setdefault(what, {})[pool] = n
         return out
 

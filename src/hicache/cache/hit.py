@@ -79,8 +79,7 @@ async def find_hit(
     # A host copy is pinned where there is no device copy, and where it has pools the
     # device copy lacks (a load may complete the device copy from it).
     on_host = [
-        dev_at[i] is None or completes(dev_at[i], host_at[i] if host_at else None)
-        for i in range(h)
+        dev_at[i] is None or completes(dev_at[i], host_at[i] if host_at else None) for i in range(h)
     ]
     sources = [Tier.DEVICE if dev_at[i] is not None else Tier.HOST for i in range(h)]
     dev_keys = [keys[i] for i in range(h) if sources[i] is Tier.DEVICE]
@@ -99,9 +98,7 @@ async def find_hit(
         raise
     # Keep the pins of the agreed hit only: a page partly on the device keeps both.
     needed = hits.needed(h)
-    to_load = [
-        i < h and on_host[i] and partial(dev_at[i], needed[i]) for i in range(len(on_host))
-    ]
+    to_load = [i < h and on_host[i] and partial(dev_at[i], needed[i]) for i in range(len(on_host))]
     extra_dev = [keys[i] for i in range(h, len(sources)) if sources[i] is Tier.DEVICE]
     extra_host = [keys[i] for i in range(len(on_host)) if on_host[i] and not to_load[i]]
     index.unpin(Tier.DEVICE, extra_dev)

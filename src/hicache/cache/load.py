@@ -159,6 +159,7 @@ async def join_loads(cache: CacheParts, match: CacheMatch) -> None:
         if not others:
             return
 
+
 def completes(device: Placement | None, host: Placement | None) -> bool:
     """Whether ``host`` holds pools the ``device`` copy lacks."""
     return host is not None and device is not None and not host.keys() <= device.keys()

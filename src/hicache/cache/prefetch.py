@@ -83,14 +83,23 @@ async def prefetch(
     # calls stay paired whatever each rank skips.
     (end,) = await cache.ranks.agree_min((min(max(hint, start), len(keys)),))
     if storage is None:
-        return PrefetchResult(requested=0, read=0, host_pages=await _agreed_host(cache, keys),
-                              page_size=ps, skipped=PrefetchSkip.NO_STORAGE)
+        return PrefetchResult(
+            requested=0,
+            read=0,
+            host_pages=await _agreed_host(cache, keys),
+            page_size=ps,
+            skipped=PrefetchSkip.NO_STORAGE,
+        )
     todo = reads(cache, keys, start, end)
     requested = len(todo)
     if requested < cache.settings.prefetch_min_pages:
-        return PrefetchResult(requested=requested, read=0,
-                              host_pages=await _agreed_host(cache, keys), page_size=ps,
-                              skipped=PrefetchSkip.TOO_FEW_PAGES)
+        return PrefetchResult(
+            requested=requested,
+            read=0,
+            host_pages=await _agreed_host(cache, keys),
+            page_size=ps,
+            skipped=PrefetchSkip.TOO_FEW_PAGES,
+        )
     if deadline is None:
         deadline = storage.deadline_for(requested * ps)
     batch = cache.settings.prefetch_batch_pages
@@ -102,8 +111,9 @@ async def prefetch(
         read += n
         if n < len(part):
             break
-    return PrefetchResult(requested=requested, read=read,
-                          host_pages=await _agreed_host(cache, keys), page_size=ps)
+    return PrefetchResult(
+        requested=requested, read=read, host_pages=await _agreed_host(cache, keys), page_size=ps
+    )
 
 
 async def _agreed_host(cache: CacheParts, keys: Sequence[bytes]) -> int:
@@ -113,7 +123,9 @@ async def _agreed_host(cache: CacheParts, keys: Sequence[bytes]) -> int:
 
 
 async def _batch(
-    cache: CacheParts, keys: Sequence[bytes], wants: Sequence[Sequence[PoolName]],
+    cache: CacheParts,
+    keys: Sequence[bytes],
+    wants: Sequence[Sequence[PoolName]],
     deadline: float | None,
 ) -> int:
     """One batch: the number of leading pages read."""
@@ -152,7 +164,9 @@ async def _batch(
             flags = [i < run for i in range(len(flags))]
             acts = cache.index.complete(ticket, flags)
             cache.work.free(acts.free)
-            lost = [(k, d) for k, d, f in zip(ticket.keys, ticket.dests, flags, strict=True) if not f]
+            lost = [
+                (k, d) for k, d, f in zip(ticket.keys, ticket.dests, flags, strict=True) if not f
+            ]
             _forget(cache, lost)
             cache.counters.add("prefetched_pages", run)
             cache.work.count_bytes("prefetched", ticket.dests[:run])

@@ -46,9 +46,7 @@ class HitRules:
     def needed(self, boundary: int) -> list[frozenset[PoolName]]:
         """The slot-owning pools page i must restore for a hit of ``boundary`` pages."""
         rules = self.rules
-        base = frozenset(
-            self.owner[r.pool] for r in rules.rules if r.restore is Restore.ALL_PAGES
-        )
+        base = frozenset(self.owner[r.pool] for r in rules.rules if r.restore is Restore.ALL_PAGES)
         out = [base] * boundary
         for r in rules.rules:
             if r.restore is not Restore.ALL_PAGES:

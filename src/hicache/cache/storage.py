@@ -104,7 +104,10 @@ class CacheStorage:
         return await self._each("write", page_keys, host, None)
 
     async def _each(
-        self, op: str, page_keys: Sequence[bytes], host: Sequence[Placement],
+        self,
+        op: str,
+        page_keys: Sequence[bytes],
+        host: Sequence[Placement],
         deadline: float | None,
     ) -> list[bool]:
         ok = [True] * len(page_keys)

@@ -43,7 +43,9 @@ def _writes(value: object) -> WriteSettings:
         return value
     if isinstance(value, Mapping):
         return WriteSettings(**_fields(WriteSettings, value, "writes"))
-    raise ConfigError(f"writes must be WriteSettings or a mapping of its fields, got {shown(value)}")
+    raise ConfigError(
+        f"writes must be WriteSettings or a mapping of its fields, got {shown(value)}"
+    )
 
 
 def _checkpoints(value: object) -> CheckpointPolicy:
@@ -63,7 +65,9 @@ def _tier_settings(_inst: object, _attr: object, value: StorageTierSettings | No
 
 def _window(_inst: object, _attr: object, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-        raise ConfigError(f"sliding_window must be a positive number of tokens or None, got {shown(value)}")
+        raise ConfigError(
+            f"sliding_window must be a positive number of tokens or None, got {shown(value)}"
+        )
 
 
 @attrs.frozen(kw_only=True)

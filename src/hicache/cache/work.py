@@ -65,8 +65,11 @@ def pool_counts(wants: Iterable[Iterable[PoolName]]) -> dict[PoolName, int]:
     return counts
 
 
-def split_ids(counts: Mapping[PoolName, int], ids: Mapping[PoolName, Sequence[int]],
-           wants: Sequence[Iterable[PoolName]]) -> list[dict[PoolName, int]]:
+def split_ids(
+    counts: Mapping[PoolName, int],
+    ids: Mapping[PoolName, Sequence[int]],
+    wants: Sequence[Iterable[PoolName]],
+) -> list[dict[PoolName, int]]:
     """Hand out ``ids`` per pool to pages in order, page i taking one id of each pool it wants."""
     pos = dict.fromkeys(counts, 0)
     out: list[dict[PoolName, int]] = []
@@ -96,13 +99,10 @@ class CacheWork:
         self.framework_device = engine.device_ownership == "framework"
         self.owners = tuple(p.name for p in engine.plan.independent_pools())
         self.page_bytes = {
-            p.name: p.page_size * p.bytes_per_unit_per_layer * p.layers
-            for p in engine.plan.pools
+            p.name: p.page_size * p.bytes_per_unit_per_layer * p.layers for p in engine.plan.pools
         }
         self.anchor = engine.plan.anchor.name
-        self.sidecars = tuple(
-            p.name for p in engine.plan.pools if p.name not in self.owners
-        )
+        self.sidecars = tuple(p.name for p in engine.plan.pools if p.name not in self.owners)
         self.quarantine: PageIds = {}
         self.tg: anyio.abc.TaskGroup | None = None
         self.busy = 0  # background tasks running (backups, storage writes, load settling)
@@ -177,9 +177,7 @@ class CacheWork:
             await self.store(acts.store, wait=wait)
         return device
 
-    async def backup(
-        self, ops: Sequence[PageOp], *, wait: bool, evicting: bool = False
-    ) -> PageIds:
+    async def backup(self, ops: Sequence[PageOp], *, wait: bool, evicting: bool = False) -> PageIds:
         """Device -> host for ``ops``; settles in the background unless ``wait``.
 
         ``evicting``: the ops are write-back victims of an eviction; if no host page can be

@@ -137,9 +137,7 @@ def demo_cache_settings(config: HybridConfig, *, storage: bool) -> CacheSettings
     """Write-through to host (and to the store when there is one), every 8 pages and the end
     of an insert keep a state checkpoint, prefetches wait until complete."""
     return CacheSettings(
-        writes=WriteSettings(
-            host="write_through", storage="write_through" if storage else None
-        ),
+        writes=WriteSettings(host="write_through", storage="write_through" if storage else None),
         sliding_window=config.window,
         storage=StorageTierSettings(prefetch_policy="wait_complete") if storage else None,
     )
@@ -256,7 +254,9 @@ class DemoServer:
         """Overwrite every device buffer with garbage (only when no sequence is live and nothing
         is cached on the device): a restore must then bring every byte it needs back."""
         if self._live:
-            raise ConfigError(f"{len(self._live)} sequences are live; scribbling would corrupt them")
+            raise ConfigError(
+                f"{len(self._live)} sequences are live; scribbling would corrupt them"
+            )
         on_device = self.cache.index.statistics().on_tier.device
         if on_device:
             raise ConfigError(
@@ -362,8 +362,14 @@ class DemoServer:
             raise
         self._live.add(id(seq))
         return Request(
-            tuple(tokens), match, load, seq, hit, load_pages,
-            {p: tuple(v) for p, v in own.items()}, checkpoints,
+            tuple(tokens),
+            match,
+            load,
+            seq,
+            hit,
+            load_pages,
+            {p: tuple(v) for p, v in own.items()},
+            checkpoints,
         )
 
     async def finish(self, req: Request, tokens: Seq[int]) -> None:

@@ -236,9 +236,7 @@ async def compare(
             f"prefix_tokens={prefix_tokens} must be a whole number of pages shorter than the "
             f"{len(prompt)}-token prompt"
         )
-    reference = run_recompute(
-        server, prompt, compare_from=prefix_tokens, decode_steps=decode_steps
-    )
+    reference = run_recompute(server, prompt, compare_from=prefix_tokens, decode_steps=decode_steps)
     await cache_prefix(server, prompt[:prefix_tokens], state_at=state_at)
     await evict_to(server, tier)
     cached, load = await run_cached(

@@ -293,8 +293,9 @@ async def _run(
             worst, same = 0.0, True
             for run, _ in runs:
                 if run.hit != hit:
-                    raise ConfigError(f"{name}: the storage hit restored {run.hit} tokens, the "
-                                      f"host hit {hit}")
+                    raise ConfigError(
+                        f"{name}: the storage hit restored {run.hit} tokens, the host hit {hit}"
+                    )
                 ref = RunResult(reference.logits[hit:], reference.tokens, reference.ttft_s)
                 w, s_ = differences(ref, run)
                 worst, same = max(worst, w), same and s_

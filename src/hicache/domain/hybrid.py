@@ -227,4 +227,3 @@ def has_from_sets(present: Mapping[PoolName, Iterable[int]]) -> Has:
     """A ``has`` predicate over explicit page sets per pool (tests, storage exists answers)."""
     sets = {p: frozenset(v) for p, v in present.items()}
     return lambda pool, i: i in sets.get(pool, frozenset())
-

@@ -70,9 +70,7 @@ class PageRecord:
         return not any(self.at) and not any(self.pending)
 
 
-def count_pages(
-    records: Iterable[PageRecord], *, tickets: int, evictions: list[int]
-) -> IndexStats:
+def count_pages(records: Iterable[PageRecord], *, tickets: int, evictions: list[int]) -> IndexStats:
     """Pages per tier, pinned pages per tier, transfers in flight, evictions per tier.
 
     One pass with plain int indexes, unrolled over the three tiers: a metrics scrape calls this

@@ -97,7 +97,9 @@ class IndexState:
             if pool in at:
                 self._lru.stamp(page, self._slot[tier, pool])
 
-    def _lru_remove(self, page: PageRecord, tier: int, pools: Iterable[PoolName] | None = None) -> None:
+    def _lru_remove(
+        self, page: PageRecord, tier: int, pools: Iterable[PoolName] | None = None
+    ) -> None:
         if tier == Tier.STORAGE:
             return
         for pool in self._owners if pools is None else pools:

@@ -120,9 +120,7 @@ class IndexTransfers(IndexState):
             if src == Tier.STORAGE:
                 continue
             if source is None:
-                raise CacheStateError(
-                    f"{kind.value}: page {p.key.hex()[:16]} is not on {src.name}"
-                )
+                raise CacheStateError(f"{kind.value}: page {p.key.hex()[:16]} is not on {src.name}")
             if dst != Tier.STORAGE and not dest.keys() <= source.keys():
                 # The source's pools are the index's state, which may have changed since the
                 # caller read it (a race), so this is a state error, not bad input.

@@ -90,5 +90,7 @@ def host_buffer_shape(
     if layout is Layout.PAGE_FIRST_DIRECT:
         return (pages, layers, page_size, *row)
     if not buffer.head_axis:
-        raise LayoutError(f"buffer {shown(buffer.name)} has no head axis: 'page_head' cannot hold it")
+        raise LayoutError(
+            f"buffer {shown(buffer.name)} has no head axis: 'page_head' cannot hold it"
+        )
     return (pages, row[0], page_size, layers, *row[1:])

@@ -133,7 +133,9 @@ class Ledger:
         """Another handle shares the operation; returns its handle count."""
         record = self._expect(op, "join", Phase.QUEUED, Phase.RUNNING)
         if record.stopping:
-            raise LedgerError(f"operation #{op} is {record.phase.value} and being cancelled: cannot join it")
+            raise LedgerError(
+                f"operation #{op} is {record.phase.value} and being cancelled: cannot join it"
+            )
         record.refs += 1
         return record.refs
 

@@ -103,4 +103,3 @@ def group_namespaces(plan: HostGroupPlan, rank: RankIdentity) -> dict[PoolName, 
 def store_keys(namespace: str, pool: PoolName, keys: Sequence[PageKey]) -> list[StoreKey]:
     """One StoreKey per page key for ``pool`` under ``namespace``."""
     return [StoreKey(namespace, pool.value, k.hex()) for k in keys]
-

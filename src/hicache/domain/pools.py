@@ -209,7 +209,9 @@ class HostGroupPlan:
             )
         anchor = anchors[0]
         if anchor.unit is not Unit.TOKEN:
-            raise GroupError(f"the anchor pool {shown(anchor.name.value)} must hold tokens, not slots")
+            raise GroupError(
+                f"the anchor pool {shown(anchor.name.value)} must hold tokens, not slots"
+            )
         for p in self.pools:
             if p.role is not PoolRole.SIDECAR:
                 continue
@@ -285,7 +287,9 @@ class HostGroupPlan:
     def transfer_layer_of(self, model_layer: int) -> int | None:
         """The transfer layer of model layer ``model_layer``; None if it holds no cache here."""
         if type(model_layer) is not int or model_layer < 0:
-            raise ConfigError(f"model layer must be a non-negative integer, got {shown(model_layer)}")
+            raise ConfigError(
+                f"model layer must be a non-negative integer, got {shown(model_layer)}"
+            )
         return self._by_model.get(model_layer)
 
     def model_layer_of(self, transfer_layer: int) -> int:

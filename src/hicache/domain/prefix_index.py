@@ -376,11 +376,7 @@ class PrefixIndex(IndexTransfers):
             key = page.key
             taken += 1
             self._evictions[tier] += 1
-            if (
-                policy is WritePolicy.WRITE_BACK
-                and page.at[nxt] is None
-                and not page.pending[nxt]
-            ):
+            if policy is WritePolicy.WRITE_BACK and page.at[nxt] is None and not page.pending[nxt]:
                 page.set_evicting(tier, scope)
                 self._lru_remove(page, tier)
                 copy.append(PageOp(key, dict(page.at[tier] or {})))

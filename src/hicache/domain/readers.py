@@ -455,6 +455,8 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_READERS))
 # Readers that derive layer kinds from layer_types themselves; every other reader derives them
 # from its own keys, and a layer_types list in such a config must then agree (_check_layer_types).
 _READS_LAYER_TYPES = frozenset({_dense, _sliding, _gemma3, _qwen3_next, _qwen3_next_like})
+
+
 def read_hf_config(config: Mapping[str, Any]) -> ModelSpec:
     """A ModelSpec from a HuggingFace config dict (its ``text_config`` when it has one)."""
     if not isinstance(config, Mapping):

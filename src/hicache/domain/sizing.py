@@ -68,7 +68,9 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise ConfigError(f"size must be positive, got {shown(text)}")
     if value > MAX_BYTES:
-        raise ConfigError(f"size {shown(text)} is above the largest accepted, {MAX_BYTES} B (1 EiB)")
+        raise ConfigError(
+            f"size {shown(text)} is above the largest accepted, {MAX_BYTES} B (1 EiB)"
+        )
     return value
 
 

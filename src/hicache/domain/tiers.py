@@ -218,7 +218,9 @@ class PerTier:
     def from_counts(cls, counts: Sequence[int]) -> PerTier:
         """From three counts in tier order (device, host, storage)."""
         if len(counts) != len(Tier):
-            raise ConfigError(f"PerTier: expected 3 counts (device, host, storage), got {shown(counts)}")
+            raise ConfigError(
+                f"PerTier: expected 3 counts (device, host, storage), got {shown(counts)}"
+            )
         return cls(device=counts[0], host=counts[1], storage=counts[2])
 
     def of(self, tier: Tier) -> int:

@@ -382,4 +382,3 @@ class Settling:
         )
         err.__cause__ = cause
         return err
-

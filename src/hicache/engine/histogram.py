@@ -26,12 +26,37 @@ from hicache.domain.errors import ConfigError
 
 # A load: from prepare to settled, 0.5 ms (a few pages on a GPU) to 10 s (a stalled copy).
 LOAD_SECONDS_BUCKETS: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 # One wait of the forward pass for a layer: 0 when the copy was already there (10 µs bucket)
 # up to a quarter second.
 WAIT_SECONDS_BUCKETS: tuple[float, ...] = (
-    1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+    1e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
 )
 
 

@@ -43,8 +43,7 @@ class PrefetchPolicy(enum.Enum):
             return cls(value)
         except ValueError:
             raise ConfigError(
-                f"prefetch policy {shown(value)}: expected one of "
-                f"{', '.join(m.value for m in cls)}"
+                f"prefetch policy {shown(value)}: expected one of {', '.join(m.value for m in cls)}"
             ) from None
 
 

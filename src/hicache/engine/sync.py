@@ -156,8 +156,8 @@ class SyncEngine:
 
     def __init__(self, engine: TransferEngine, *, backend: str = "asyncio") -> None:
         self._engine = engine
-        self._portal_cm: contextlib.AbstractContextManager[BlockingPortal] = (
-            start_blocking_portal(backend, name=f"hicache {engine!r} loop")
+        self._portal_cm: contextlib.AbstractContextManager[BlockingPortal] = start_blocking_portal(
+            backend, name=f"hicache {engine!r} loop"
         )
         self._portal = self._portal_cm.__enter__()
         self._closed = False

@@ -124,49 +124,93 @@ class CacheSource:
         s = self.cache.statistics()
         f.add("hicache_matches", "counter", "calls of match", s.matches)
         f.add("hicache_matched_tokens", "counter", "tokens the matches asked for", s.matched_tokens)
-        f.add("hicache_matched_pages", "counter", "full pages the matches asked for",
-              s.matched_pages)
-        f.per_tier("hicache_hit_tokens", "tokens of the agreed hits, by the tier that served "
-                   "them", s.hit_tokens)
-        f.per_tier("hicache_hit_pages", "full pages of the agreed hits, by the tier that served "
-                   "them", s.hit_pages)
+        f.add(
+            "hicache_matched_pages", "counter", "full pages the matches asked for", s.matched_pages
+        )
+        f.per_tier(
+            "hicache_hit_tokens",
+            "tokens of the agreed hits, by the tier that served them",
+            s.hit_tokens,
+        )
+        f.per_tier(
+            "hicache_hit_pages",
+            "full pages of the agreed hits, by the tier that served them",
+            s.hit_pages,
+        )
         f.per_tier("hicache_hit_requests", "matches with a hit on the tier", s.hit_requests)
-        f.per_tier("hicache_miss_tokens", "tokens a match looked for on the tier and found "
-                   "neither there nor above", s.miss_tokens)
-        f.per_tier("hicache_miss_pages", "full pages a match looked for on the tier and found "
-                   "neither there nor above", s.miss_pages)
+        f.per_tier(
+            "hicache_miss_tokens",
+            "tokens a match looked for on the tier and found neither there nor above",
+            s.miss_tokens,
+        )
+        f.per_tier(
+            "hicache_miss_pages",
+            "full pages a match looked for on the tier and found neither there nor above",
+            s.miss_pages,
+        )
         f.add("hicache_inserts", "counter", "calls of insert", s.inserts)
-        f.add("hicache_inserted_pages", "counter", "full pages registered by insert",
-              s.inserted_pages)
+        f.add(
+            "hicache_inserted_pages", "counter", "full pages registered by insert", s.inserted_pages
+        )
         for outcome, n in (("ok", s.loads), ("failed", s.loads_failed)):
-            f.add("hicache_loads", "counter", "host -> device loads of the cache face", n,
-                  outcome=outcome)
+            f.add(
+                "hicache_loads",
+                "counter",
+                "host -> device loads of the cache face",
+                n,
+                outcome=outcome,
+            )
         f.add("hicache_loaded_pages", "counter", "pages loaded host -> device", s.loaded_pages)
         for outcome, n in (
-            ("ok", s.backups), ("failed", s.backups_failed), ("skipped", s.backups_skipped)
+            ("ok", s.backups),
+            ("failed", s.backups_failed),
+            ("skipped", s.backups_skipped),
         ):
-            f.add("hicache_backups", "counter", "device -> host backups (pages)", n,
-                  outcome=outcome)
+            f.add(
+                "hicache_backups", "counter", "device -> host backups (pages)", n, outcome=outcome
+            )
         f.add("hicache_prefetches", "counter", "prefetches started (not skipped)", s.prefetches)
-        f.add("hicache_prefetched_pages", "counter", "pages read storage -> host",
-              s.prefetched_pages)
+        f.add(
+            "hicache_prefetched_pages", "counter", "pages read storage -> host", s.prefetched_pages
+        )
         f.add("hicache_stored_pages", "counter", "pages written host -> storage", s.stored_pages)
-        f.add("hicache_store_failures", "counter", "pages not written to storage and prefetch "
-              "batches cut short", s.store_failures)
+        f.add(
+            "hicache_store_failures",
+            "counter",
+            "pages not written to storage and prefetch batches cut short",
+            s.store_failures,
+        )
         for name in ("loaded", "backed_up", "prefetched", "stored"):
             per_pool = dict(s.bytes_by_pool.get(name, {}))
             for pool in self.pools:
                 per_pool.setdefault(pool, 0)
             for pool, n in sorted(per_pool.items()):
-                f.add(f"hicache_{name}_bytes", "counter", f"bytes {name.replace('_', ' ')} "
-                      f"({_DIRECTION[name]}), per pool", n, pool=pool)
+                f.add(
+                    f"hicache_{name}_bytes",
+                    "counter",
+                    f"bytes {name.replace('_', ' ')} ({_DIRECTION[name]}), per pool",
+                    n,
+                    pool=pool,
+                )
         f.per_tier("hicache_evicted_pages", "pages evicted from the tier", s.evictions)
-        f.per_tier("hicache_pages", "pages the index holds on the tier (occupancy; a page on two "
-                   "tiers counts on both)", s.index.on_tier, kind="gauge")
-        f.per_tier("hicache_pinned_pages", "pages pinned on the tier (matches, transfers)",
-                   s.index.pinned, kind="gauge")
-        f.add("hicache_transfers_in_flight", "gauge", "index transfers prepared and not completed",
-              s.index.in_flight)
+        f.per_tier(
+            "hicache_pages",
+            "pages the index holds on the tier (occupancy; a page on two tiers counts on both)",
+            s.index.on_tier,
+            kind="gauge",
+        )
+        f.per_tier(
+            "hicache_pinned_pages",
+            "pages pinned on the tier (matches, transfers)",
+            s.index.pinned,
+            kind="gauge",
+        )
+        f.add(
+            "hicache_transfers_in_flight",
+            "gauge",
+            "index transfers prepared and not completed",
+            s.index.in_flight,
+        )
 
     def _engine(self, f: FamilyBuilder) -> None:
         e = self.cache.engine.statistics()
@@ -175,24 +219,58 @@ class CacheSource:
             ("backups", (e.backups, e.backups_failed, e.backups_cancelled)),
         ):
             for outcome, n in zip(("ok", "failed", "cancelled"), outcomes, strict=True):
-                f.add(f"hicache_engine_{kind}", "counter", f"transfer-engine {kind} by outcome",
-                      n, outcome=outcome)
-        f.add("hicache_engine_loads_joined", "counter", "load handles that joined a load in "
-              "flight", e.loads_joined)
+                f.add(
+                    f"hicache_engine_{kind}",
+                    "counter",
+                    f"transfer-engine {kind} by outcome",
+                    n,
+                    outcome=outcome,
+                )
+        f.add(
+            "hicache_engine_loads_joined",
+            "counter",
+            "load handles that joined a load in flight",
+            e.loads_joined,
+        )
         for direction, secs in (("load", e.load_copy_s), ("backup", e.backup_copy_s)):
-            f.add("hicache_engine_copy_seconds", "counter", "copy-stream time of the engine's "
-                  "transfers", secs, direction=direction)
-        f.add("hicache_exposed_wait_seconds", "counter", "time forward passes waited for loaded "
-              "layers (copy time compute did not hide)", e.exposed_wait_s)
-        f.add("hicache_engine_operations_queued", "gauge", "transfers prepared, not submitted",
-              e.queued)
-        f.add("hicache_engine_operations_in_flight", "gauge", "transfers on the copy stream",
-              e.in_flight)
-        f.add("hicache_load_seconds", "histogram", "per load: prepare to settled (latency)",
-              e.load_seconds)
-        f.add("hicache_layer_wait_seconds", "histogram", "per forward-pass wait for a loaded "
-              "layer: the time it blocked (exposed time; 0 when the layer was there)",
-              e.wait_seconds)
+            f.add(
+                "hicache_engine_copy_seconds",
+                "counter",
+                "copy-stream time of the engine's transfers",
+                secs,
+                direction=direction,
+            )
+        f.add(
+            "hicache_exposed_wait_seconds",
+            "counter",
+            "time forward passes waited for loaded layers (copy time compute did not hide)",
+            e.exposed_wait_s,
+        )
+        f.add(
+            "hicache_engine_operations_queued",
+            "gauge",
+            "transfers prepared, not submitted",
+            e.queued,
+        )
+        f.add(
+            "hicache_engine_operations_in_flight",
+            "gauge",
+            "transfers on the copy stream",
+            e.in_flight,
+        )
+        f.add(
+            "hicache_load_seconds",
+            "histogram",
+            "per load: prepare to settled (latency)",
+            e.load_seconds,
+        )
+        f.add(
+            "hicache_layer_wait_seconds",
+            "histogram",
+            "per forward-pass wait for a loaded "
+            "layer: the time it blocked (exposed time; 0 when the layer was there)",
+            e.wait_seconds,
+        )
 
     def _slots(self, f: FamilyBuilder) -> None:
         engine = self.cache.engine
@@ -202,10 +280,22 @@ class CacheSource:
         for tier, slots in groups:
             for pool in slots.order:
                 a = slots.allocator(pool)
-                f.add("hicache_slots", "gauge", "pages of the pool on the tier (capacity)",
-                      a.pages, tier=tier, pool=pool.value)
-                f.add("hicache_slots_used", "gauge", "pages of the pool in use on the tier "
-                      "(occupancy)", a.used_count(), tier=tier, pool=pool.value)
+                f.add(
+                    "hicache_slots",
+                    "gauge",
+                    "pages of the pool on the tier (capacity)",
+                    a.pages,
+                    tier=tier,
+                    pool=pool.value,
+                )
+                f.add(
+                    "hicache_slots_used",
+                    "gauge",
+                    "pages of the pool in use on the tier (occupancy)",
+                    a.used_count(),
+                    tier=tier,
+                    pool=pool.value,
+                )
 
     def _storage(self, f: FamilyBuilder) -> None:
         storage = self.cache.storage
@@ -226,31 +316,87 @@ def storage_tier_families(f: FamilyBuilder, tiers: Mapping[str, TierPort]) -> No
             ("write", st.pages_written_ok, st.pages_written_failed),
         ):
             for outcome, n in (("ok", ok), ("failed", bad)):
-                f.add("hicache_store_pages", "counter", "pages the storage tier read or "
-                      "wrote, by outcome", n, **lab, operation=op, outcome=outcome)
+                f.add(
+                    "hicache_store_pages",
+                    "counter",
+                    "pages the storage tier read or wrote, by outcome",
+                    n,
+                    **lab,
+                    operation=op,
+                    outcome=outcome,
+                )
         for op, n in (("read", st.bytes_read), ("write", st.bytes_written)):
-            f.add("hicache_store_bytes", "counter", "bytes the storage tier read or wrote",
-                  n, **lab, operation=op)
+            f.add(
+                "hicache_store_bytes",
+                "counter",
+                "bytes the storage tier read or wrote",
+                n,
+                **lab,
+                operation=op,
+            )
         for op, n in sorted(st.calls.items()):
-            f.add("hicache_store_calls", "counter", "store calls made, by operation", n,
-                  **lab, operation=op)
-        f.add("hicache_store_failed_calls", "counter", "store calls that raised or answered "
-              "transient/fatal for some key", st.failed_calls, **lab)
-        f.add("hicache_store_refused_calls", "counter", "store calls the open breaker "
-              "refused", st.refused_calls, **lab)
+            f.add(
+                "hicache_store_calls",
+                "counter",
+                "store calls made, by operation",
+                n,
+                **lab,
+                operation=op,
+            )
+        f.add(
+            "hicache_store_failed_calls",
+            "counter",
+            "store calls that raised or answered transient/fatal for some key",
+            st.failed_calls,
+            **lab,
+        )
+        f.add(
+            "hicache_store_refused_calls",
+            "counter",
+            "store calls the open breaker refused",
+            st.refused_calls,
+            **lab,
+        )
         for status, n in sorted(st.statuses.items()):
-            f.add("hicache_store_errors", "counter", "non-OK key statuses the store "
-                  "answered (get and put), by status", n, **lab, status=status)
-        f.add("hicache_store_writes_dropped", "counter", "background writes refused: queue "
-              "full", st.writes_dropped, **lab)
-        f.add("hicache_store_writes_pending", "gauge", "background writes queued or running",
-              st.writes_pending, **lab)
-        f.add("hicache_store_seconds", "counter", "wall time inside store calls (summed "
-              "over threads)", st.store_seconds, **lab)
+            f.add(
+                "hicache_store_errors",
+                "counter",
+                "non-OK key statuses the store answered (get and put), by status",
+                n,
+                **lab,
+                status=status,
+            )
+        f.add(
+            "hicache_store_writes_dropped",
+            "counter",
+            "background writes refused: queue full",
+            st.writes_dropped,
+            **lab,
+        )
+        f.add(
+            "hicache_store_writes_pending",
+            "gauge",
+            "background writes queued or running",
+            st.writes_pending,
+            **lab,
+        )
+        f.add(
+            "hicache_store_seconds",
+            "counter",
+            "wall time inside store calls (summed over threads)",
+            st.store_seconds,
+            **lab,
+        )
         state = st.breaker.state.value
         for s in BREAKER_STATES:
-            f.add("hicache_breaker_state", "gauge", "the storage tier's circuit breaker: 1 "
-                  "for its current state", int(s == state), **lab, state=s)
+            f.add(
+                "hicache_breaker_state",
+                "gauge",
+                "the storage tier's circuit breaker: 1 for its current state",
+                int(s == state),
+                **lab,
+                state=s,
+            )
 
 
 _DIRECTION = {

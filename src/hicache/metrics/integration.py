@@ -179,10 +179,16 @@ class IntegrationCounters:
         p = "hicache_integration"
         f.add(f"{p}_lookups", "counter", "lookups the integration made", s.lookups)
         f.add(f"{p}_lookup_tokens", "counter", "tokens the lookups asked for", s.lookup_tokens)
-        f.per_tier(f"{p}_hit_tokens", "tokens the lookups found, by the tier that served them",
-                   s.hit_tokens)
-        f.per_tier(f"{p}_miss_tokens", "tokens looked for on the tier and found neither there "
-                   "nor above", s.miss_tokens)
+        f.per_tier(
+            f"{p}_hit_tokens",
+            "tokens the lookups found, by the tier that served them",
+            s.hit_tokens,
+        )
+        f.per_tier(
+            f"{p}_miss_tokens",
+            "tokens looked for on the tier and found neither there nor above",
+            s.miss_tokens,
+        )
         for kind, outcomes, pages, nbytes, hist in (
             ("load", s.loads, s.loaded_pages, s.loaded_bytes, s.load_seconds),
             ("save", s.saves, s.saved_pages, s.saved_bytes, s.save_seconds),
@@ -194,8 +200,14 @@ class IntegrationCounters:
             f.add(f"{p}_{done}_bytes", "counter", f"bytes {done}", nbytes)
             f.add(f"{p}_{kind}_seconds", "histogram", f"per {kind}: its duration", hist)
         for (op, status), n in sorted(s.errors.items()):
-            f.add(f"{p}_errors", "counter", "failed calls by operation and status", n,
-                  operation=op, status=status)
+            f.add(
+                f"{p}_errors",
+                "counter",
+                "failed calls by operation and status",
+                n,
+                operation=op,
+                status=status,
+            )
         return f.build()
 
     def __repr__(self) -> str:

@@ -70,8 +70,7 @@ def _metric(fam: Family) -> Metric:
         if not isinstance(v, HistogramSnapshot):
             raise ConfigError(f"histogram {fam.name!r}: sample {values!r} is {v!r}")
         buckets = [
-            ("+Inf" if math.isinf(le) else repr(float(le)), float(n))
-            for le, n in v.cumulative()
+            ("+Inf" if math.isinf(le) else repr(float(le)), float(n)) for le, n in v.cumulative()
         ]
         hist.add_metric(list(values), buckets, v.sum)
     return hist
@@ -195,7 +194,9 @@ def serve(
     added to it unless ``register`` put it there already); default a new registry holding only
     hicache's metrics."""
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise ConfigError(f"serve: port must be an integer in 0..65535 (0: a free one), got {port!r}")
+        raise ConfigError(
+            f"serve: port must be an integer in 0..65535 (0: a free one), got {port!r}"
+        )
     if not isinstance(addr, str) or not addr:
         raise ConfigError(f"serve: addr must be an address to listen on, got {addr!r}")
     target = CollectorRegistry() if registry is None else _registry(registry)
