@@ -352,6 +352,10 @@ def run_bench(
         extra = {"host_gib": host_gib, "storage_backend": "directory", "storage_path": str(store)}
         llm = _llm(folder, "HiCacheConnector", extra, args)
         gen(llm, prompt, one)  # fills host and store
+        # A page is a hit once its save is reported, in a later engine step's output; with no
+        # later step (LLM.generate returned) the first timed run could miss. One step of a short
+        # unrelated prompt (no full block: nothing saved) brings the reports in.
+        gen(llm, [rng.randrange(1, 1000) for _ in range(BLOCK // 2)], one)
         timed(llm, "hicache_host", reset=True)
         decode_ms(llm, "hicache_save_decode")
         # a chat: turn 1 replies 48 tokens (a decode block fills and is saved), turn 2 sends
