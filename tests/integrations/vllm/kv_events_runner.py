@@ -76,7 +76,7 @@ def _settle(llm: Any, params: Any) -> None:
     store write the connector started has been reported to the scheduler."""
     import time
 
-    side = llm.llm_engine.engine_core.engine_core.scheduler.connector._scheduler.side
+    side = llm.llm_engine.engine_core.engine_core.scheduler.connector.scheduler_role.side
     for _ in range(200):
         if not len(side.index.pins):
             return
@@ -89,7 +89,7 @@ def _held(llm: Any, prompts: list[list[int]], block_size: int) -> tuple[list[str
     from hicache.domain.keys import chain_keys
 
     connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
-    side = connector._scheduler.side
+    side = connector.scheduler_role.side
     keys = list(dict.fromkeys(k for p in prompts for k in chain_keys(p, block_size)))
     in_store = side.store.exists_each(keys).value if side.store is not None else []
     host = [k.hex() for k in keys if side.index.lookup(k) is not None]

@@ -17,6 +17,7 @@ require_vllm()
 
 from vllm.v1.request import RequestStatus  # noqa: E402
 
+from hicache.domain import CacheStateError  # noqa: E402
 from tests.integrations.vllm.sched_harness import BLOCK, Harness, KVMismatch  # noqa: E402
 from tests.integrations.vllm.sched_helpers import (  # noqa: E402
     Harnesses,
@@ -349,3 +350,24 @@ def test_the_connectors_hit_counters_equal_the_tokens_vllm_counted_as_loaded(
     loaded = hit_tokens(results)
     assert loaded > 0
     assert connector_stat(results, "hit_tokens_host") == loaded
+
+
+def test_once_every_request_ended_neither_role_holds_a_request_or_a_transfer(
+    make: Harnesses,
+) -> None:
+    """What the soak's leak check reads: a request in flight is tracked by the scheduler role,
+    none is once all ended and the worker's copies and store calls are done."""
+    h = make(store="directory")
+    side = h.scheduler.connector.scheduler_role
+    transfers = h.worker.worker_role.transfers
+    h.add(prompts(1, 100)[0], max_tokens=4)
+    h.step()
+    assert side.tracked_requests() > 0
+    h.settle()
+    transfers.wait_idle()
+    assert side.tracked_requests() == 0
+    assert transfers.pending_transfers() == 0
+    with pytest.raises(CacheStateError, match="scheduler-side hook"):
+        _ = h.worker.scheduler_role
+    with pytest.raises(CacheStateError, match="worker-side hook"):
+        _ = h.scheduler.connector.worker_role

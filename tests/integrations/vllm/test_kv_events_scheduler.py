@@ -35,8 +35,7 @@ pytestmark = pytest.mark.vllm
 def side_of(h: Harness) -> SchedulerSide:
     connector = h.scheduler.connector
     assert isinstance(connector, HiCacheConnector)
-    assert connector._scheduler is not None
-    return connector._scheduler.side
+    return connector.scheduler_role.side
 
 
 def tiers(h: Harness, consumer: Consumer) -> tuple[set[Any], set[Any]]:
@@ -106,8 +105,7 @@ def test_without_vllms_kv_events_the_connector_makes_none(tmp_path: Path) -> Non
     try:
         connector = h.scheduler.connector
         assert isinstance(connector, HiCacheConnector)
-        assert connector._scheduler is not None
-        assert connector._scheduler.events is None
+        assert connector.scheduler_role.events is None
         h.add(prompts(1, 3 * BLOCK + 1)[0], max_tokens=1)
         h.settle()
         assert len(side_of(h).index) == 3  # saved, and nothing recorded for events

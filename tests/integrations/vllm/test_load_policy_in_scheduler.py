@@ -55,7 +55,7 @@ def fast_host_slow_store(h: Harness) -> LoadPolicy:
         policy.prefill.observe(tokens, attention_work(tokens, 0), 0.001 * tokens)
     policy.host.per_page_s = 0.0001
     policy.store.per_page_s = 0.1
-    h.scheduler.connector._scheduler.side.policy = policy  # type: ignore[union-attr]
+    h.scheduler.connector.scheduler_role.side.policy = policy  # type: ignore[union-attr]
     return policy
 
 

@@ -136,6 +136,16 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- roles -----------------------------------------------------------------------------
 
+    @property
+    def scheduler_role(self) -> SchedulerConnector:
+        """The scheduler half (CacheStateError in a worker's connector)."""
+        return self._as_scheduler("scheduler_role")
+
+    @property
+    def worker_role(self) -> WorkerConnector:
+        """The worker half (CacheStateError in the scheduler's connector)."""
+        return self._as_worker("worker_role")
+
     def _as_scheduler(self, hook: str) -> SchedulerConnector:
         if self._scheduler is None:
             raise CacheStateError(

@@ -88,6 +88,10 @@ class SchedulerConnector:
         )
         self.storage_backend = settings.storage_backend
 
+    def tracked_requests(self) -> int:
+        """vLLM requests this role still holds, and the side's own (0 once all ended)."""
+        return len(self._requests) + self.side.tracked()
+
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:

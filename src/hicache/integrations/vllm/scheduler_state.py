@@ -166,6 +166,11 @@ class SideState:
         self.stats.error("key", "unkeyable")
         log.warning("vllm.request_not_cached", request=req_id, reason=str(exc))
 
+    def tracked(self) -> int:
+        """Requests, hits and queued loads this side still holds (0 once every request ended
+        and every plan was built)."""
+        return len(self._reqs) + len(self._hits) + len(self._loads) + len(self._async)
+
     @property
     def hybrid(self) -> bool:
         """State or sliding-window groups: hits need more than the KV pages (all or nothing)."""

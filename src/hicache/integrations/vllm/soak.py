@@ -259,7 +259,7 @@ class _Engine:
     # ---- the end ---------------------------------------------------------------------------
     def drain(self, max_steps: int = 5_000) -> None:
         """Run every request to its end, then idle steps until the connector reports nothing."""
-        transfers = self.worker._worker.transfers
+        transfers = self.worker.worker_role.transfers
         quiet = 0
         for _ in range(max_steps):
             busy = self.step() or self.scheduler.has_unfinished_requests()
@@ -273,19 +273,17 @@ class _Engine:
 
     def leaks(self) -> dict[str, int]:
         sched = self.scheduler
-        side_conn = sched.connector._scheduler
+        side_conn = sched.connector.scheduler_role
         side = side_conn.side
-        transfers = self.worker._worker.transfers
+        transfers = self.worker.worker_role.transfers
         pool = sched.kv_cache_manager.block_pool
         host_pins = len(side.index.pins) + (len(side.states.pins) if side.states else 0)
-        tracked = len(side._reqs) + len(side._hits) + len(side._loads) + len(side._async)
-        pending = len(transfers._inflight) + sum(not f.done() for f in transfers._pending_io)
         return {
             "vllm_requests": len(sched.requests),
             "held_blocks": sum(1 for b in pool.blocks if b.ref_cnt > 0 and not b.is_null),
             "host_pins": host_pins,
-            "connector_requests": tracked + len(side_conn._requests),
-            "pending_transfers": pending,
+            "connector_requests": side_conn.tracked_requests(),
+            "pending_transfers": transfers.pending_transfers(),
         }
 
     def close(self) -> None:
@@ -378,7 +376,7 @@ def soak_vllm(
                     run.errors[f"drain: {type(exc).__name__}"] += 1
                     run.samples.append(f"vllm drain: {type(exc).__name__}: {str(exc)[:300]}")
                 if "leak_pins" in sabotage:
-                    side = engine.scheduler.connector._scheduler.side
+                    side = engine.scheduler.connector.scheduler_role.side
                     side.index.reserve(b"sabotage: a page nobody unpins")
                 leaks = engine.leaks()
             finally:

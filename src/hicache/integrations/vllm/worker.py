@@ -145,6 +145,10 @@ class WorkerTransfers(StepSettling):
             f.exception()
         self.poll()
 
+    def pending_transfers(self) -> int:
+        """Steps whose copies are not settled yet, and store calls not ended (0 when idle)."""
+        return len(self._inflight) + sum(not f.done() for f in list(self._pending_io))
+
     def close(self) -> None:
         self.wait_idle()
         self._io.shutdown(wait=True)
