@@ -35,11 +35,12 @@ vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py (the Offloadin
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from hicache.domain.lru_map import LruMap
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent
@@ -91,11 +92,10 @@ class TierEvents:
         self.block_size = block_size
         self.group_idx = group_idx
         # planned copies not settled yet; bounded (a copy that never settles is forgotten)
-        self._pending: OrderedDict[bytes, BlockInfo] = OrderedDict()
-        self._pending_limit = host_slots + 1024
+        self._pending: LruMap[bytes, BlockInfo] = LruMap(host_slots + 1024)
         self._host: dict[bytes, BlockInfo] = {}  # bounded by the host index
-        self._store: OrderedDict[bytes, Hash] = OrderedDict()  # LRU of announced store blocks
         self.store_limit = store_limit or max(STORE_TRACKED, 4 * host_slots)
+        self._store: LruMap[bytes, Hash] = LruMap(self.store_limit)  # announced store blocks
         # (medium, a stored block's payload or a removed block's hash)
         self._queue: list[tuple[str, BlockInfo | Hash]] = []
 
@@ -106,15 +106,12 @@ class TierEvents:
         info = self._describe(req_id, block)
         if info is None:
             return
-        self._pending[key] = info
-        self._pending.move_to_end(key)
-        while len(self._pending) > self._pending_limit:
-            self._pending.popitem(last=False)
+        self._pending.put(key, info)  # the oldest planned copy past the limit is forgotten
 
     def host_change(self, key: bytes, held: bool) -> None:
         """HostPages' listener: page ``key`` became matchable (``held``) or stopped being so."""
         if held:
-            info = self._pending.pop(key, None)
+            info = self._pending.pop(key)
             if info is not None:
                 self._host[key] = info
                 self._queue.append((MEDIUM_HOST, info))
@@ -133,26 +130,22 @@ class TierEvents:
         """A lookup asked the store for ``keys`` (blocks ``first``, ``first + 1``, ... of
         ``req_id``) and learnt that it holds the leading ``held`` of them and not the next."""
         for n, key in enumerate(keys[:held]):
-            if key in self._store:
-                self._store.move_to_end(key)
+            if self._store.touch(key):
                 continue
             info = self._host.get(key) or self._describe(req_id, first + n)
             if info is not None:
                 self._in_store(key, info)
         if held < len(keys):
-            gone = self._store.pop(keys[held], None)
+            gone = self._store.pop(keys[held])
             if gone is not None:
                 self._queue.append((MEDIUM_STORE, gone))
 
     def _in_store(self, key: bytes, info: BlockInfo) -> None:
-        if key in self._store:
-            self._store.move_to_end(key)
+        if self._store.touch(key):
             return
-        self._store[key] = info.block_hash
+        evicted = self._store.put(key, info.block_hash)
         self._queue.append((MEDIUM_STORE, info))
-        while len(self._store) > self.store_limit:
-            _, old = self._store.popitem(last=False)
-            self._queue.append((MEDIUM_STORE, old))
+        self._queue.extend((MEDIUM_STORE, old) for _, old in evicted)
 
     # ---- what vLLM takes --------------------------------------------------------------------
 

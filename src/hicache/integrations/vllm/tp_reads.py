@@ -35,12 +35,13 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from hicache.domain import ConfigError, StoreError
+from hicache.domain import ConfigError, HostMemory, StoreError
 from hicache.domain.storage import Store, StoreStatus
 from hicache.engine.bounded import Answer, BoundedTier
 from hicache.engine.logs import get_logger
 from hicache.integrations.vllm.tp_plan import Piece, TpHeads, head_runs, tagged
 from hicache.integrations.vllm.worker_host import HostTier, unregister
+from hicache.integrations.vllm.worker_parts import HostRows, host_memory_for
 
 log = get_logger("hicache.vllm")
 
@@ -97,6 +98,7 @@ class TpReader:
         layers: Sequence[LayerHeads] | None,
         *,
         store: Store | None = None,
+        host_memory: HostMemory | None = None,
     ) -> None:
         self.heads = heads
         self.ranks = ranks
@@ -105,7 +107,10 @@ class TpReader:
         self.store = store  # registers the staging buffers (a zero-copy store: Mooncake)
         self._plans: dict[int, tuple[tuple[Piece, ...], bool]] = {}
         self._lock = threading.Lock()
-        self._spare: torch.Tensor | None = None  # a staging buffer no store call holds
+        # staging buffers come from hicache's host-memory adapters; they never meet the device,
+        # so unpinned anonymous memory unless told otherwise
+        self.host_memory = host_memory or host_memory_for(torch.device("cpu"))
+        self._spare: HostRows | None = None  # a staging buffer no store call holds
         self._closed = False
 
     def close(self) -> None:
@@ -117,40 +122,43 @@ class TpReader:
         if spare is not None:
             self._drop(spare)
 
-    def _staging(self, nbytes: int) -> torch.Tensor | None:
+    def _staging(self, nbytes: int) -> HostRows | None:
         """``nbytes`` of host memory for source objects, registered with the store: the spare
         buffer when it is free and large enough (no page faults or registration on every
         read), else a new one; None when the store refused to register it (logged)."""
         with self._lock:
             spare, self._spare = self._spare, None
-        if spare is not None and spare.numel() >= nbytes:
+        if spare is not None and spare.tensor.numel() >= nbytes:
             return spare
         if spare is not None:
             self._drop(spare)
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        buffer = HostRows(1, nbytes, host_memory=self.host_memory, device=torch.device("cpu"))
         if self.store is not None:
             try:
-                self.store.register([_bytes(buffer)])
+                self.store.register([_bytes(buffer.tensor[0])])
             except StoreError as exc:
                 log.warning("vllm.tp_staging_unregistered", nbytes=nbytes, reason=str(exc))
+                buffer.close()
                 return None
         return buffer
 
-    def _drop(self, buffer: torch.Tensor) -> None:
-        """Unregister a staging buffer no store call holds any more (before it is freed: a
-        transport must never keep memory the allocator may hand out again)."""
+    def _drop(self, buffer: HostRows) -> None:
+        """Unregister a staging buffer no store call holds any more, then free it (in that
+        order: a transport must never keep memory the allocator may hand out again)."""
         if self.store is not None:
-            unregister(self.store, buffer.data_ptr())
+            unregister(self.store, buffer.tensor.data_ptr())
+        buffer.close()
 
-    def _release(self, staging: torch.Tensor) -> None:
+    def _release(self, staging: HostRows) -> None:
         """Keep ``staging`` for the next read (the largest one up to SPARE_MAX_BYTES), else
         drop it; called once the store call that wrote it has ended."""
-        drop: torch.Tensor | None = staging
-        if staging.numel() <= SPARE_MAX_BYTES:
+        drop: HostRows | None = staging
+        size = staging.tensor.numel()
+        if size <= SPARE_MAX_BYTES:
             with self._lock:
                 if self._closed:
                     pass
-                elif self._spare is None or self._spare.numel() < staging.numel():
+                elif self._spare is None or self._spare.tensor.numel() < size:
                     drop, self._spare = self._spare, staging  # the smaller one goes
         if drop is not None:
             self._drop(drop)
@@ -184,7 +192,7 @@ class TpReader:
         asked: list[bytes] = []
         buffers: list[list[memoryview]] = []
         owner: list[int] = []  # the page of each object read
-        staged: dict[int, list[tuple[Piece, torch.Tensor]]] = {}  # page -> its sources
+        staged: dict[int, list[Piece]] = {}  # page -> the pieces read through staging
         refused: set[int] = set()  # pages that need slices this cache cannot take
         for i, (key, slot, w) in enumerate(zip(keys, slots, writers, strict=True)):
             if self.own(w):
@@ -208,20 +216,21 @@ class TpReader:
                     buffers.append(segments)
                     owner.append(i)
                 else:
-                    staged.setdefault(i, []).append((piece, torch.empty(0, dtype=torch.uint8)))
+                    staged.setdefault(i, []).append(piece)
         need = sum(self.source_bytes(writers[i]) * len(p) for i, p in staged.items())
         staging = self._staging(need) if need else None
         if staging is None:  # nothing to stage, or the store refused the buffer: recomputed
             refused.update(staged)
             staged = {}
+        sources: dict[int, list[tuple[Piece, torch.Tensor]]] = {}  # page -> (piece, its bytes)
         at = 0
-        for i, sources in staged.items():
+        for i, page_pieces in staged.items():
             assert staging is not None
             n = self.source_bytes(writers[i])
-            for j, (piece, _) in enumerate(sources):
-                src = staging.narrow(0, at, n)
+            for piece in page_pieces:
+                src = staging.tensor[0].narrow(0, at, n)
                 at += n
-                sources[j] = (piece, src)
+                sources.setdefault(i, []).append((piece, src))
                 asked.append(tagged(writers[i], piece.src, keys[i]))
                 buffers.append([_bytes(src)])
                 owner.append(i)
@@ -232,9 +241,9 @@ class TpReader:
             if status[i].ok and not s.ok:
                 status[i] = s
         if answer.answered:  # else every page failed (the tier's default answer)
-            for i, sources in staged.items():
+            for i, page_sources in sources.items():
                 if status[i].ok:
-                    self._assemble(tier, slots[i], writers[i], sources)
+                    self._assemble(tier, slots[i], writers[i], page_sources)
         if staging is not None:  # the store may write the staging until settled
             kept = staging
             answer.settled.add_done_callback(lambda _f: self._release(kept))
