@@ -65,6 +65,36 @@ async def test_slots_and_pins_held_back_are_reported_as_leaks() -> None:
     assert report.leaked_pins == 2  # one pin per stack that nobody releases
 
 
+def test_fail_first_fails_the_first_call_of_each_store_operation_and_no_other(
+    tmp_path: Any,
+) -> None:
+    from hicache.adapters.storage import DirectorySettings, DirectoryStore
+    from hicache.bootstrap.faults import FaultyStore
+    from hicache.domain.storage import StoreKey, StoreStatus
+
+    inner = DirectoryStore(DirectorySettings(root=str(tmp_path)))
+    faults = Faults(0)
+    store = FaultyStore(inner, faults, StoreFaultRates(fail_first=True))
+    key = StoreKey("ns", "kv", "ab" * 32)
+    page = [memoryview(bytearray(b"x" * 64))]
+    assert store.put([key], [page]) == [StoreStatus.TRANSIENT]
+    assert store.put([key], [page]) == [StoreStatus.OK]
+    assert store.exists([key]) == [False]  # the first exists fails: answered as absent
+    assert store.exists([key]) == [True]
+    out = [memoryview(bytearray(64))]
+    assert store.get([key], [out]) == [StoreStatus.TRANSIENT]
+    assert store.get([key], [out]) == [StoreStatus.OK]
+    assert bytes(out[0]) == b"x" * 64
+    assert dict(faults.counts) == {
+        "store_put_first": 1,
+        "store_exists_first": 1,
+        "store_get_first": 1,
+    }
+    assert dict(faults.calls) == {"store_put": 2, "store_exists": 2, "store_get": 2}
+    plain = FaultyStore(inner, Faults(0), StoreFaultRates())
+    assert plain.get([key], [out]) == [StoreStatus.OK]  # off by default
+
+
 def test_bad_soak_settings_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="stacks"):
         SoakSettings(stacks=("nope",))
@@ -120,6 +150,7 @@ def test_a_short_vllm_soak_leaks_nothing_and_every_loaded_block_holds_its_bytes(
     _clean(report)
     assert report.details["loaded_pages"] > 0  # the connector really loaded blocks
     assert set(report.operations) >= {"add", "step", "abort", "reset_cache", "preempt_all"}
+    assert report.details["store_calls"].get("store_get", 0) > 0  # it read from the store
     assert any(k.startswith("store_get") for k in report.fault_kinds)
 
 

@@ -9,7 +9,9 @@
   or a while within it ("stall"); after a put that succeeded, damages the stored object at
   ``corrupt`` rate through the ``corrupt(key)`` callback (bytes flipped on disk); at
   ``damage_read`` rate a page a get read OK has its first byte flipped afterwards, past any
-  checksum (a deliberate bug, to show that a byte check catches it; 0 in a normal soak).
+  checksum (a deliberate bug, to show that a byte check catches it; 0 in a normal soak); with
+  ``fail_first`` the first call of each operation answers TRANSIENT (a run that makes a call
+  at all meets its failure). ``Faults.calls`` counts the calls per operation.
 - StoreFaultRates: the per-call probabilities of the store faults.
 - directory_corruptor(root): flips the last payload byte of a DirectoryStore object on disk.
 - PathReport: what one path of ``hicache bench soak`` (the cache face, the vLLM connector, the
@@ -57,6 +59,7 @@ class Faults:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()  # calls seen per operation (store get, put, ...)
 
     def roll(self) -> float:
         with self._lock:
@@ -65,6 +68,13 @@ class Faults:
     def note(self, kind: str) -> None:
         with self._lock:
             self.counts[kind] += 1
+
+    def call(self, op: str) -> int:
+        """Count one call of ``op``; returns how many came before it."""
+        with self._lock:
+            seen = self.calls[op]
+            self.calls[op] += 1
+            return seen
 
     @property
     def total(self) -> int:
@@ -144,6 +154,9 @@ class StoreFaultRates:
     stall: float = attrs.field(default=0.0, validator=_rate)
     stall_s: float = attrs.field(default=0.01, validator=nonneg_seconds)
     damage_read: float = attrs.field(default=0.0, validator=_rate)  # a deliberate bug
+    # the first call of each operation (exists, get, put) answers TRANSIENT, so a run that
+    # makes the call at all exercises its failure path whatever the coin gives
+    fail_first: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 class FaultyStore(DelegatingStore):
@@ -168,6 +181,9 @@ class FaultyStore(DelegatingStore):
 
     def _status(self, op: str, deadline: float | None) -> StoreStatus | None:
         r = self.rates
+        if self.faults.call(f"store_{op}") == 0 and r.fail_first:
+            self.faults.note(f"store_{op}_first")
+            return StoreStatus.TRANSIENT
         x = self.faults.roll()
         for kind, rate, status in (
             ("transient", r.transient, StoreStatus.TRANSIENT),

@@ -396,7 +396,11 @@ def soak_vllm(
         fault_kinds=dict(sorted(faults.counts.items())),
         error_kinds=dict(sorted(run.errors.items())),
         error_samples=run.samples,
-        details={"leaks": leaks, "loaded_pages": engine.loaded},
+        details={
+            "leaks": leaks,
+            "loaded_pages": engine.loaded,
+            "store_calls": dict(sorted(faults.calls.items())),
+        },
     )
 
 

@@ -46,7 +46,7 @@ VOCAB = 1000
 SABOTAGE = frozenset({"damage", "leak_pins"})
 # stalls of 10 ms, well within DEADLINE_S
 STORE_FAULTS = StoreFaultRates(
-    transient=0.03, full=0.02, fatal=0.01, corrupt=0.05, stall=0.02, stall_s=0.01
+    transient=0.03, full=0.02, fatal=0.01, corrupt=0.05, stall=0.02, stall_s=0.01, fail_first=True
 )
 DEADLINE_S = 0.5
 
