@@ -38,3 +38,19 @@ def test_the_gpu_part_is_skipped_with_its_reason(capsys: pytest.CaptureFixture[s
 
 def test_bad_counts_are_refused_with_status_2() -> None:
     assert main(["bench", "vllm-worker", "--blocks", "0"]) == 2
+
+
+@pytest.mark.parametrize("layout", ["LBHNC", "LBNHC", "BLHNC", "BLNHC"])
+def test_each_vllm_layout_runs_and_the_block_outermost_ones_copy_whole_pages(
+    layout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "vllm-worker", "--json", "--layout", layout, *TINY]) == 0
+    cpu = json.loads(capsys.readouterr().out)["cpu"]
+    assert cpu["layout"] == layout
+    assert cpu["whole_pages"] == layout.startswith("B")
+    assert cpu["page_bytes"] == 2 * 16 * 8 * 256 * 2  # 2 layers of 16 tokens x 8 heads x 256 bf16
+
+
+def test_an_unknown_layout_is_refused_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "vllm-worker", "--layout", "LHBNC"]) == 2
+    assert "--layout 'LHBNC'" in capsys.readouterr().err

@@ -1,7 +1,9 @@
 """Measurements of the vLLM worker's data path (WorkerTransfers) without vLLM.
 
-- run_worker_bench(device, ...): vLLM-shaped caches (block-first, bf16) on ``device`` and the
-  worker's host pages; returns one JSON-ready document:
+- run_worker_bench(device, ..., layout=...): vLLM-shaped caches (vllm_caches: bf16, in one of
+  vLLM's KV cache layouts, LAYOUTS) on ``device`` and the worker's host pages; returns one
+  JSON-ready document (``whole_pages``: whether the worker saves a page in one copy, as in
+  the block-outermost layouts):
   - ``copy``: saving (device -> host) and loading (host -> device) ``blocks`` blocks of every
     layer through the worker, against one contiguous copy of the same bytes between the same
     memories in the same run (on CUDA: pinned ``cudaMemcpyAsync`` through torch's
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from hicache.adapters.streams import SyntheticCompute
+from hicache.domain import ConfigError
 from hicache.domain.storage import StoreKey
 from hicache.integrations.vllm.plan import LoadOp, SaveOp, StepPlan
 from hicache.integrations.vllm.stats import ConnectorStats
@@ -44,6 +47,37 @@ def cuda_status() -> tuple[bool, str]:
             "a ROCm build of torch: the GPU part (CUDA streams, pinned copies) was skipped",
         )
     return True, ""
+
+
+LAYOUTS = ("LBHNC", "LBNHC", "BLHNC", "BLNHC")
+
+
+def vllm_caches(
+    layout: str,
+    device: torch.device,
+    layers: int,
+    blocks: int,
+    heads: int,
+    tokens: int,
+    content: int,
+) -> dict[str, torch.Tensor]:
+    """bf16 attention caches as vLLM 0.32 hands them over under ``layout``: each layer's
+    logical ``[blocks, heads, tokens, content]`` view (vllm/v1/kv_cache_interface.py
+    create_kv_cache_views); L* layouts: one tensor per layer; B* layouts: one tensor whose
+    block holds every layer's page side by side (the worker then copies whole pages)."""
+    if layout not in LAYOUTS:
+        raise ConfigError(f"vLLM KV cache layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+    inner = (heads, tokens) if layout.endswith("HNC") else (tokens, heads)
+    swap = (0, 1, 2, 3) if layout.endswith("HNC") else (0, 2, 1, 3)
+
+    def ones(*shape: int) -> torch.Tensor:
+        return torch.ones(*shape, dtype=torch.bfloat16, device=device)
+
+    if layout.startswith("L"):
+        return {n: ones(blocks, *inner, content).permute(*swap) for n in names}
+    raw = ones(blocks, layers, *inner, content)
+    return {n: raw.select(1, i).permute(*swap) for i, n in enumerate(names)}
 
 
 def _sync(device: torch.device) -> None:
@@ -86,15 +120,11 @@ def run_worker_bench(
     repeats: int = 5,
     layer_ms: float = 2.0,
     copy_backend: str = "auto",
+    layout: str = "LBHNC",
 ) -> dict[str, Any]:
     dev = torch.device(device)
     total_blocks = 2 * blocks
-    caches = {
-        f"model.layers.{i}.self_attn.attn": torch.ones(
-            total_blocks, 2, block_tokens, kv_heads, head_dim, dtype=torch.bfloat16, device=dev
-        )
-        for i in range(layers)
-    }
+    caches = vllm_caches(layout, dev, layers, total_blocks, kv_heads, block_tokens, 2 * head_dim)
     rows = [(n, block_rows(n, t, total_blocks)) for n, t in caches.items()]
     page_bytes = sum(int(r.shape[1]) for _, r in rows)
     from hicache.integrations.vllm.worker import choose_copier
@@ -198,6 +228,8 @@ def run_worker_bench(
         "device": str(dev),
         "copy_backend": w.copier.backend,
         "host_pinned": pinned,
+        "layout": layout,
+        "whole_pages": w.page_rows is not None,
         "layers": layers,
         "blocks": blocks,
         "page_bytes": page_bytes,
@@ -229,4 +261,11 @@ def run_worker_bench(
     }
 
 
-__all__ = ["COPY_TARGET", "SLOWDOWN_TARGET", "cuda_status", "run_worker_bench"]
+__all__ = [
+    "COPY_TARGET",
+    "LAYOUTS",
+    "SLOWDOWN_TARGET",
+    "cuda_status",
+    "run_worker_bench",
+    "vllm_caches",
+]

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from hicache.cli._options import MAX_REPEATS, count_option
+from hicache.domain import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -32,6 +33,12 @@ def register(sub: Any) -> None:
     p.add_argument("--blocks", type=int, default=256, help="blocks saved and loaded")
     p.add_argument("--repeats", type=int, default=5, help="timed runs; medians are reported")
     p.add_argument("--layer-ms", type=float, default=2.0, help="synthetic compute per layer")
+    p.add_argument(
+        "--layout",
+        default="LBHNC",
+        help="vLLM's KV cache layout of the caches: LBHNC (the CPU's), LBNHC (CUDA's default), "
+        "or the block-outermost BLHNC / BLNHC, whose pages the worker copies whole",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
 
@@ -40,18 +47,21 @@ def run(args: argparse.Namespace) -> int:
     layers = count_option("layers", args.layers, 512)
     blocks = count_option("blocks", args.blocks, 1 << 16)
     repeats = count_option("repeats", args.repeats, MAX_REPEATS)
-    from hicache.bench.vllm_worker import cuda_status, run_worker_bench
+    from hicache.bench.vllm_worker import LAYOUTS, cuda_status, run_worker_bench
 
-    doc: dict[str, Any] = {
-        "cpu": run_worker_bench(
-            "cpu", layers=layers, blocks=blocks, repeats=repeats, layer_ms=args.layer_ms
-        )
+    if args.layout not in LAYOUTS:
+        raise ConfigError(f"--layout {args.layout!r}: expected one of {', '.join(LAYOUTS)}")
+    sizes = {
+        "layers": layers,
+        "blocks": blocks,
+        "repeats": repeats,
+        "layer_ms": args.layer_ms,
+        "layout": args.layout,
     }
+    doc: dict[str, Any] = {"cpu": run_worker_bench("cpu", **sizes)}
     gpu, why = cuda_status()
     if gpu:
-        doc["cuda"] = run_worker_bench(
-            "cuda", layers=layers, blocks=blocks, repeats=repeats, layer_ms=args.layer_ms
-        )
+        doc["cuda"] = run_worker_bench("cuda", **sizes)
     else:
         doc["cuda"] = {"skipped": why}
         print(f"hicache bench vllm-worker: {why}", file=sys.stderr)
@@ -64,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
             continue
         c, k = d["copy"], d["compute"]
         print(
-            f"{name} ({d['copy_backend']}, {d['layers']} layers x {d['blocks']} blocks, "
+            f"{name} ({d['copy_backend']}, {d['layout']}"
+            f"{', whole pages' if d['whole_pages'] else ''}, "
+            f"{d['layers']} layers x {d['blocks']} blocks, "
             f"{c['bytes'] / 2**20:.0f} MiB): save {c['save']['worker_gbps']:.2f} GB/s = "
             f"{c['save']['ratio']:.2f}x baseline; load {c['load']['worker_gbps']:.2f} GB/s = "
             f"{c['load']['ratio']:.2f}x; step {k['step_ms_without_saves']:.1f} ms -> "

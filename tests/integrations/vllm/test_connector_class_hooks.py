@@ -87,6 +87,25 @@ def test_the_layout_hook_refuses_a_bad_extra_config(tmp_path: Path) -> None:
         HiCacheConnector.get_required_kvcache_layout(good)
 
 
+def test_on_rocm_vllm_resolves_a_layout_whose_blocks_are_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ROCm's attention backend lists LHBNC (heads outside the blocks, refused by the
+    connector) before LBHNC: the connector's answer makes vLLM's own resolution pick LBHNC."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+    rocm_sets = [["LHBNC", "LBHNC"]]  # vllm/v1/attention/backends/rocm_attn.py
+    monkeypatch.setattr(type(current_platform), "is_rocm", lambda self: True)
+    config = _vllm_config(tmp_path, {"host_gib": 1})
+    assert resolve_kv_cache_layout(config, rocm_sets).name == "LBHNC"
+    # elsewhere the connector leaves vLLM's choice alone (CUDA: LBNHC, the CPU: LBHNC)
+    monkeypatch.setattr(type(current_platform), "is_rocm", lambda self: False)
+    config = _vllm_config(tmp_path, {"host_gib": 1})
+    assert HiCacheConnector.get_required_kvcache_layout(config) is None
+    assert resolve_kv_cache_layout(config, rocm_sets).name == "LHBNC"
+
+
 def _check(text: str) -> subprocess.CompletedProcess[str]:
     code = (
         "import sys\n"

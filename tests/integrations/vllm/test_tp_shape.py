@@ -21,6 +21,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     SlidingWindowSpec,
 )
 
+from hicache.domain import ConfigError  # noqa: E402
 from hicache.integrations.vllm.layout import Shape, layout_of  # noqa: E402
 from hicache.integrations.vllm.settings import ConnectorSettings  # noqa: E402
 from hicache.integrations.vllm.tp_plan import TpHeads  # noqa: E402
@@ -125,3 +126,34 @@ def test_shape_reads_dense_pages_at_any_size_and_window_pages_at_their_own() -> 
     shape = _shape(2, sliding)
     assert shape.layout.window_groups == (1,)
     assert shape.heads is None  # the window pages are not sliced: this size only
+
+
+def _shape_under(layout: str | None) -> Shape:
+    config = _dense(2)
+    config.kv_cache_layout = layout
+    return _shape(2, config)
+
+
+def test_pages_whose_block_bytes_lie_in_another_order_have_another_namespace() -> None:
+    unresolved = _shape_under(None)
+    heads_first = {_shape_under(m).namespace for m in ("LBHNC", "BLHNC")}
+    tokens_first = {_shape_under(m).namespace for m in ("LBNHC", "BLNHC")}
+    # where a layer's blocks lie does not change a block's bytes; their inner order does
+    assert len(heads_first) == 1
+    assert len(tokens_first) == 1
+    assert heads_first != tokens_first
+    # pages stored before the order was recorded are heads-first (vLLM's CPU layout)
+    assert heads_first == {unresolved.namespace}
+    assert _shape_under("BLNHC").block_order == "NHC"
+    assert unresolved.block_order is None
+
+
+@pytest.mark.parametrize("layout", ["LHBNC", "BHLNC"])
+def test_a_layout_whose_blocks_are_not_one_run_is_refused_at_start(layout: str) -> None:
+    with pytest.raises(ConfigError, match=f"layout {layout} keeps the heads outside"):
+        _shape_under(layout)
+
+
+def test_a_layout_this_vllm_does_not_name_is_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match="'NOPE' is not one this vLLM names"):
+        _shape_under("NOPE")

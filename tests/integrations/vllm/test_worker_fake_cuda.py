@@ -95,15 +95,37 @@ class LoggedOrder:
         self.log.append(("fence", len(events)))
 
 
-def vllm_caches(mode: FakeTensorMode) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    with mode:
-        # vLLM's CUDA attention caches: (num_blocks, 2, block_size, kv_heads, head_dim), blocks first
-        kv = {
-            f"model.layers.{i}.self_attn.attn": torch.empty(
-                BLOCKS, 2, 16, 2, 8, dtype=torch.bfloat16, device="cuda"
-            )
-            for i in range(3)
+LAYOUTS = ["5D", "LBNHC", "BLHNC"]
+
+
+def attention_caches(layout: str) -> dict[str, torch.Tensor]:
+    """Three attention layers' caches as vLLM hands them over (call inside the fake mode).
+
+    "5D": a contiguous ``(num_blocks, 2, block_size, kv_heads, head_dim)`` tensor per layer
+    (vLLM before its KV cache layouts); "LBNHC" (CUDA's default in vLLM 0.32) and "BLHNC": the
+    logical ``[blocks, heads, tokens, content]`` views whose strides follow the layout
+    (vllm/v1/kv_cache_interface.py create_kv_cache_views), tokens outside the heads in a block
+    of one layer, or heads outside the tokens with a block stride spanning all three layers.
+    """
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
+    if layout == "5D":
+        return {
+            n: torch.empty(BLOCKS, 2, 16, 2, 8, dtype=torch.bfloat16, device="cuda") for n in names
         }
+    if layout == "LBNHC":
+        return {
+            n: torch.empty(BLOCKS, 16, 2, 32, dtype=torch.int8, device="cuda").permute(0, 2, 1, 3)
+            for n in names
+        }
+    raw = torch.empty(BLOCKS, len(names), 2, 16, 32, dtype=torch.int8, device="cuda")
+    return {n: raw.select(1, i) for i, n in enumerate(names)}
+
+
+def vllm_caches(
+    mode: FakeTensorMode, layout: str = "5D"
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    with mode:
+        kv = attention_caches(layout)
         # a hybrid model's state layer: raw int8 pages, blocks first
         state = torch.empty(BLOCKS, 3, 64, dtype=torch.int8, device="cuda")
     return kv, state
@@ -138,9 +160,10 @@ def test_torch_row_copies_of_cpu_rows_into_cuda_caches_mix_devices() -> None:
         rows.index_copy_(0, torch.tensor([1]), host.index_select(0, torch.tensor([0])))
 
 
-def test_a_step_of_loads_and_saves_on_cuda_caches_mixes_no_devices() -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_step_of_loads_and_saves_on_cuda_caches_mixes_no_devices(layout: str) -> None:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    kv, state = vllm_caches(mode)
+    kv, state = vllm_caches(mode, layout)
     streams = LoggedStreams()
     w = worker(kv, state, streams)
     names = list(kv)
@@ -149,13 +172,18 @@ def test_a_step_of_loads_and_saves_on_cuda_caches_mixes_no_devices() -> None:
         saves=[SaveOp("b", b"k3", 2, 1, False)],
         state_saves=[StateSave("b", b"state:k3", 0, (3,), False)],
     )
+    whole = layout == "BLHNC"  # a block's layers side by side: one copy per page
+    assert (w.page_rows is not None) == whole
     with mode:
         w.bind(plan)
         w.start_step()
         for name in names:
             w.wait_layer(name)
+            before_last = len(streams.log)
             w.save_layer(name)
         w.finish_step()
+    if whole:  # the page's copy waits for the last layer's compute
+        assert not any(e[1:2] == ("backup",) for e in streams.log[:before_last])
     assert [e for e in streams.log if e[0] == "error"] == []  # no copy raised (device mixing)
     # the loads come after vLLM's compute so far (its zeroing of the new blocks)
     first_load = streams.log.index(next(e for e in streams.log if e[:2] == ("submit", "load")))
@@ -165,10 +193,11 @@ def test_a_step_of_loads_and_saves_on_cuda_caches_mixes_no_devices() -> None:
     # every layer's load was waited for through its event (compute waits, no host sync)
     waits = [e for e in streams.log if e[0] == "wait_current" and e[1] == "load"]
     assert [e[2] for e in waits] == [e[2] for e in loads]
-    # every save (each layer, then the states) is ordered after a compute point, on the
-    # backup stream
+    # every save (each layer or the whole pages, then the states) is ordered after a compute
+    # point, on the backup stream
     backup = [e for e in streams.log if e[1:2] == ("backup",)]
-    assert [e[0] for e in backup] == ["after_compute", "submit"] * (len(names) + 1)
+    saves = 1 if whole else len(names)
+    assert [e[0] for e in backup] == ["after_compute", "submit"] * (saves + 1)
     assert all(e[2].startswith("compute-point") for e in backup if e[0] == "after_compute")
     w.wait_saves()
     got = [(e.op, e.key, e.ok) for e in w.drain_events()]

@@ -16,14 +16,24 @@ BLOCKS = 64
 LAYERS = 4
 
 
-def cuda_caches() -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def cuda_caches(layout: str = "5D") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Attention caches as vLLM hands them over: "5D", a contiguous (blocks, 2, block_size,
+    kv_heads, head_dim) tensor per layer; "LBNHC" (vLLM 0.32's CUDA default) and "BLHNC", the
+    logical [blocks, heads, tokens, content] views whose strides follow the layout
+    (vllm/v1/kv_cache_interface.py create_kv_cache_views); and a state layer's raw pages."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    kv = {
-        f"model.layers.{i}.self_attn.attn": torch.randn(
-            BLOCKS, 2, 16, 8, 128, generator=g, device="cuda"
-        ).to(torch.bfloat16)
-        for i in range(LAYERS)
-    }
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+
+    if layout == "5D":
+        kv = {n: randn(BLOCKS, 2, 16, 8, 128) for n in names}
+    elif layout == "LBNHC":
+        kv = {n: randn(BLOCKS, 16, 8, 256).permute(0, 2, 1, 3) for n in names}
+    else:  # BLHNC: one buffer, a block's stride spans every layer's page
+        raw = randn(BLOCKS, LAYERS, 8, 16, 256)
+        kv = {n: raw.select(1, i) for i, n in enumerate(names)}
     state = torch.randint(-128, 127, (BLOCKS, 3, 512), dtype=torch.int8, device="cuda")
     return kv, state
 
@@ -53,11 +63,12 @@ def busy(n: int = 2048, rounds: int = 8) -> None:
         a = a / a.norm()
 
 
+@pytest.mark.parametrize("layout", ["5D", "LBNHC", "BLHNC"])
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_saves_read_each_layer_after_its_compute_and_loads_restore_bytes_exactly(
-    backend: str,
+    backend: str, layout: str
 ) -> None:
-    kv, state = cuda_caches()
+    kv, state = cuda_caches(layout)
     w = make(kv, state, backend)
     assert w.host.is_pinned()
     compute = torch.cuda.Stream()

@@ -18,10 +18,15 @@ from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.worker import WorkerTransfers, block_rows, choose_copier
 from tests.integrations.vllm.worker_helpers import BLOCKS, caches, key, transfers
 
+ARRANGEMENTS = ["layers", "blocks"]
 
-def test_blocks_saved_then_loaded_into_other_blocks_are_byte_identical() -> None:
-    c = caches()
+
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
+def test_blocks_saved_then_loaded_into_other_blocks_are_byte_identical(arrangement: str) -> None:
+    c = caches(arrangement)
     w = transfers(c)
+    # a block's layers side by side: saved as one row per page
+    assert (w.page_rows is not None) == (arrangement == "blocks")
     before = {n: t[2].clone() for n, t in c.items()}
     w.start_step(StepPlan(saves=[SaveOp("r", key(1), 3, 2, False)]))
     w.save_layer("layer.0")  # vLLM reports layers as they are computed
@@ -39,8 +44,9 @@ def test_blocks_saved_then_loaded_into_other_blocks_are_byte_identical() -> None
     w.close()
 
 
-def test_store_write_then_async_read_restores_the_blocks(tmp_path: Path) -> None:
-    c = caches()
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
+def test_store_write_then_async_read_restores_the_blocks(tmp_path: Path, arrangement: str) -> None:
+    c = caches(arrangement)
     store = DirectoryStore(DirectorySettings(root=tmp_path))
     w = transfers(c, store)
     before = {n: t[1].clone() for n, t in c.items()}
@@ -83,8 +89,29 @@ def test_a_cache_without_blocks_first_is_refused() -> None:
     t = torch.zeros(2, BLOCKS, 4)
     with pytest.raises(DeviceError, match="blocks first"):
         block_rows("layer.0", t, BLOCKS)
-    with pytest.raises(DeviceError, match="blocks first"):
-        block_rows("layer.0", torch.zeros(BLOCKS, 4, 4).transpose(1, 2), BLOCKS)
+    # blocks first in the shape, but another dimension outside them in memory
+    with pytest.raises(DeviceError, match="one dense run"):
+        block_rows("layer.0", torch.zeros(4, BLOCKS, 4).transpose(0, 1), BLOCKS)
+    # a block with holes (every other element)
+    with pytest.raises(DeviceError, match="one dense run"):
+        block_rows("layer.0", torch.zeros(BLOCKS, 8)[:, ::2], BLOCKS)
+
+
+def test_a_block_in_another_inner_order_is_one_row_of_its_bytes_in_memory_order() -> None:
+    t = torch.arange(BLOCKS * 12, dtype=torch.float32).view(BLOCKS, 3, 4).transpose(1, 2)
+    rows = block_rows("layer.0", t, BLOCKS)
+    for b in range(BLOCKS):
+        assert torch.equal(rows[b], t[b].transpose(0, 1).contiguous().view(torch.uint8).flatten())
+
+
+def test_a_dimension_of_one_with_any_stride_leaves_the_block_one_row() -> None:
+    # vLLM's CPU cache of a one-head layer: [blocks, K/V, tokens, 1 head, dim], whose head
+    # dimension's stride is the dim's; the row is the block's bytes all the same
+    dense = torch.arange(BLOCKS * 2 * 16 * 8, dtype=torch.float32).to(torch.bfloat16)
+    t = dense.view(BLOCKS, 2, 16, 1, 8)
+    assert t.stride() == (256, 128, 8, 8, 1)
+    rows = block_rows("layer.0", t, BLOCKS)
+    assert torch.equal(rows, dense.view(torch.uint8).view(BLOCKS, -1))
 
 
 @pytest.mark.parametrize("backend", ["native", "torch"])

@@ -13,13 +13,17 @@ from hicache.integrations.vllm.worker import WorkerTransfers, block_rows
 BLOCKS = 8
 
 
-def caches() -> dict[str, torch.Tensor]:
+def caches(arrangement: str = "layers") -> dict[str, torch.Tensor]:
+    """Three layers' caches, blocks first, then K/V, heads, tokens, head dim (the order inside
+    is opaque to the worker). "layers": a tensor per layer (vLLM's layer-outermost layouts,
+    the CPU's); "blocks": views of one tensor whose block holds every layer side by side
+    (vLLM's block-outermost layouts, BLHNC / BLNHC)."""
     g = torch.Generator().manual_seed(0)
-    # vLLM CPU layout: blocks first, then K/V, heads, tokens, head dim (order inside is opaque)
-    return {
-        f"layer.{i}": torch.randn(BLOCKS, 2, 2, 4, 8, generator=g).to(torch.bfloat16)
-        for i in range(3)
-    }
+    names = [f"layer.{i}" for i in range(3)]
+    if arrangement == "blocks":
+        raw = torch.randn(BLOCKS, len(names), 2, 2, 4, 8, generator=g).to(torch.bfloat16)
+        return {n: raw.select(1, i) for i, n in enumerate(names)}
+    return {n: torch.randn(BLOCKS, 2, 2, 4, 8, generator=g).to(torch.bfloat16) for n in names}
 
 
 def key(i: int) -> bytes:

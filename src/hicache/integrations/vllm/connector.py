@@ -249,13 +249,22 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
-        """None (the connector copies whatever layout vLLM picks, hicache.integrations.vllm
-        .layout). vLLM asks this when it picks its attention layout, before the model loads on
-        the GPU platforms; the extra config is checked here too."""
+        """The KV cache layout the connector asks vLLM for: None (vLLM's own choice) except on
+        ROCm, "LBHNC". The connector copies any layout in which a block is one run of bytes
+        (every one vLLM 0.32 names but LHBNC and BHLNC, refused at start: block_rows,
+        tp_shape.block_order_of) and puts the order inside a block into the namespace; ROCm's
+        attention backends list LHBNC first, and all of them take LBHNC
+        (vllm/v1/attention/backends/rocm_attn.py, rocm_aiter_fa.py, rocm_aiter_unified_attn.py).
+        vLLM asks this when it resolves its layout (resolve_kv_cache_layout), before it
+        allocates the caches, and follows it only where every backend takes it (else it warns
+        and picks its first); VLLM_KV_CACHE_LAYOUT overrides both. The extra config is checked
+        here too."""
         transfer = vllm_config.kv_transfer_config
         if transfer is not None:
             ConnectorSettings.from_extra_config(transfer.kv_connector_extra_config)
-        return None
+        from vllm.platforms import current_platform
+
+        return "LBHNC" if current_platform.is_rocm() else None
 
     @classmethod
     def build_kv_connector_stats(

@@ -34,7 +34,7 @@ from vllm.v1.kv_cache_interface import (
 from hicache.domain import ConfigError
 from hicache.integrations.vllm.settings import ConnectorSettings
 from hicache.integrations.vllm.tp_plan import TpHeads
-from hicache.integrations.vllm.tp_shape import namespace_ident, tp_heads
+from hicache.integrations.vllm.tp_shape import block_order_of, namespace_ident, tp_heads
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -197,6 +197,9 @@ class Shape:
     namespace: str
     # how pages split into KV heads across ranks; None: read only at this TP size (tp_shape)
     heads: TpHeads | None = None
+    # the order of an attention block's bytes ("HNC", "NHC"; tp_shape.block_order_of); None:
+    # vLLM resolved no layout (a hand-built config), read as heads-first
+    block_order: str | None = None
 
     @property
     def page_bytes(self) -> int:
@@ -239,8 +242,9 @@ class Shape:
         # window pages (sliding layers) and states are read only at the size that saved them
         others = bool(layout.state or layout.window_groups)
         heads = tp_heads(vllm_config, kv_cache_config, layout.attn_group, others)
+        order = block_order_of(vllm_config, kv_cache_config)
         ident = namespace_ident(
-            model.model, str(model.dtype), block_size, layout, layout.kv, tp, heads
+            model.model, str(model.dtype), block_size, layout, layout.kv, tp, heads, order
         )
         return cls(
             layout=layout,
@@ -252,4 +256,5 @@ class Shape:
             ranks=tp,
             namespace="vllm-" + hashlib.sha256(ident.encode()).hexdigest()[:32],
             heads=heads,
+            block_order=order,
         )

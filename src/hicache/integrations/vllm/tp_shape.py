@@ -9,13 +9,20 @@ that then leaves the size out.
   slice does not describe) and sliding-window groups beside full attention (their window
   pages are read at the size that saved them; ``has_state`` covers both) keep the TP size in
   their namespace, so a server of another size never reads their pages (a miss, recomputed).
-- namespace_ident(model, dtype, block_size, layout, kv, tp, heads): what the store namespace
-  hashes: model, dtype, block size and the layers; then either the TP size (heads None) or the
-  bytes per KV head of each layer and the model's KV heads (the same at every size).
+- namespace_ident(model, dtype, block_size, layout, kv, tp, heads, block_order): what the
+  store namespace hashes: model, dtype, block size and the layers; then either the TP size
+  (heads None) or the bytes per KV head of each layer and the model's KV heads (the same at
+  every size); and the order of a block's bytes where it is not heads-first.
+- block_order_of(vllm_config, kv_cache_config): the order of the bytes inside an attention
+  block under vLLM's resolved KV cache layout: "HNC" (heads, tokens, content: LBHNC, BLHNC),
+  "NHC" (LBNHC, BLNHC), None where vLLM has not resolved one; ConfigError for the layouts with
+  heads outside the blocks (LHBNC, BHLNC), whose blocks are not one run of bytes.
 
 Reference: vllm/v1/kv_cache_interface.py (AttentionSpec: num_kv_heads, page_size_padded,
 num_head_slots, state_content_bytes; MLAAttentionSpec), vllm/config/model.py
-(get_total_num_kv_heads, get_num_kv_heads).
+(get_total_num_kv_heads, get_num_kv_heads), vllm/v1/kv_cache_layout.py (KVCacheLayout),
+vllm/v1/attention/backends/utils.py (resolve_kv_cache_layout, recorded on
+KVCacheConfig.kv_cache_layout by vllm/v1/engine/core.py).
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from typing import TYPE_CHECKING
 
 from vllm.v1.kv_cache_interface import AttentionSpec, MLAAttentionSpec
 
+from hicache.domain import ConfigError
+from hicache.domain.errors import shown
+from hicache.integrations.vllm.block_rows import HEADS_FIRST
 from hicache.integrations.vllm.tp_plan import TpHeads, compatible
 
 if TYPE_CHECKING:
@@ -68,15 +78,46 @@ def namespace_ident(
     kv: Sequence[tuple[str, int]],
     tp: int,
     heads: TpHeads | None,
+    block_order: str | None = None,
 ) -> str:
     """The text the store namespace hashes (see the module docstring): ``layout`` (the
     connector's Layout, by its repr) with the TP size, or each ``kv`` layer's (name, bytes per
-    block) as bytes per KV head."""
+    block) as bytes per KV head; ``block_order`` where it is not heads-first (pages whose bytes
+    lie in another order are other pages)."""
     if heads is None:
-        return repr((model, dtype, block_size, layout, tp))
-    per = heads.per_rank(tp)
-    per_head = tuple((name, nbytes // per) for name, nbytes in kv)
-    return repr((model, dtype, block_size, per_head, heads, "any tp"))
+        ident: tuple[object, ...] = (model, dtype, block_size, layout, tp)
+    else:
+        per = heads.per_rank(tp)
+        per_head = tuple((name, nbytes // per) for name, nbytes in kv)
+        ident = (model, dtype, block_size, per_head, heads, "any tp")
+    if block_order is not None and block_order != HEADS_FIRST:
+        ident = (*ident, f"block bytes {block_order}")
+    return repr(ident)
 
 
-__all__ = ["namespace_ident", "tp_heads"]
+def block_order_of(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> str | None:
+    """The order of an attention block's bytes under vLLM's resolved layout (module docstring)."""
+    name = getattr(kv_cache_config, "kv_cache_layout", None) or getattr(
+        vllm_config.cache_config, "kv_cache_layout", None
+    )
+    if name is None:
+        return None
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    try:
+        layout = KVCacheLayout[str(name)]
+    except KeyError:
+        raise ConfigError(
+            f"HiCacheConnector: vLLM's KV cache layout {shown(name)} is not one this vLLM "
+            f"names ({', '.join(m.name for m in KVCacheLayout)})"
+        ) from None
+    if not layout.is_block_compact:
+        raise ConfigError(
+            f"HiCacheConnector: vLLM's KV cache layout {layout.name} keeps the heads outside "
+            "the blocks (a block is not one run of bytes, which the connector copies whole); "
+            "set VLLM_KV_CACHE_LAYOUT to LBHNC, LBNHC, BLHNC or BLNHC"
+        )
+    return "".join(c for c in layout.name if c not in "LB")
+
+
+__all__ = ["block_order_of", "namespace_ident", "tp_heads"]

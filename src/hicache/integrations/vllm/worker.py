@@ -43,6 +43,8 @@ from hicache.integrations.vllm.worker_parts import CpuOrder
 from hicache.integrations.vllm.worker_settle import StepSettling
 from hicache.integrations.vllm.worker_state import Step
 
+WHOLE_PAGES = "*pages"  # Step.saves' key of a whole-page save (no layer has this name)
+
 
 class WorkerTransfers(StepSettling):
     """Host pages and the copies of one worker (one TP rank). See the module docstring."""
@@ -101,9 +103,21 @@ class WorkerTransfers(StepSettling):
 
     def save_layer(self, name: str) -> None:
         """vLLM computed layer ``name`` for this step: copy its saved blocks on the copy
-        stream, after the compute issued so far."""
+        stream, after the compute issued so far. With whole pages (page_rows) the copy of
+        every layer's blocks at once is issued when the last layer was reported."""
         step = self._step
-        if step.plan.saves and name in self.rows and name not in step.saves:
+        if not step.plan.saves or name not in self.rows:
+            return
+        pages = self.page_rows
+        if pages is not None:
+            step.computed.add(name)
+            if len(step.computed) < len(self.names) or WHOLE_PAGES in step.saves:
+                return
+            self.streams.after_compute(Direction.BACKUP, self.order.point())
+            step.saves[WHOLE_PAGES] = self.streams.submit(
+                Direction.BACKUP, lambda: self._save_pages(pages, step.plan.saves)
+            )
+        elif name not in step.saves:
             self.streams.after_compute(Direction.BACKUP, self.order.point())
             step.saves[name] = self.streams.submit(
                 Direction.BACKUP, lambda: self._save_rows(name, step.plan.saves)

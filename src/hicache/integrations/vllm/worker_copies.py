@@ -42,6 +42,12 @@ class DeviceCopies(TransfersState):
             [op.block for op in saves],
         )
 
+    def _save_pages(self, pages: torch.Tensor, saves: Sequence[SaveOp]) -> None:
+        """Whole pages (``pages``: page_rows): one row per page, every layer at once."""
+        self.copier.copy(
+            self.tier.pages, [op.slot for op in saves], pages, [op.block for op in saves]
+        )
+
     def _group_layers(self, window: bool) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
         """(host columns, group position, device rows) of every state or sliding layer."""
         if window:
@@ -91,6 +97,9 @@ class DeviceCopies(TransfersState):
 
     def _copy_pages(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
         def work() -> None:
+            if self.page_rows is not None:  # one row per page, every layer at once
+                self.copier.copy(self.page_rows, blocks, self.tier.pages, slots)
+                return
             for name in self.names:
                 self.copier.copy(self.rows[name], blocks, self.tier.layer(name), slots)
 

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hicache.adapters.copy.rows import RowCopier
-from hicache.domain import CacheStateError, ConfigError, TransferError
+from hicache.domain import CacheStateError, ConfigError, DeviceError, TransferError
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage
 from hicache.engine.logs import get_logger
+from hicache.integrations.vllm.block_rows import HEADS_FIRST, heads_tokens_order, manager_blocks
 from hicache.integrations.vllm.layout import Shape
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
@@ -75,12 +76,30 @@ class WorkerConnector:
             )
         return self._transfers
 
+    def _check_order(self, name: str, cache: torch.Tensor) -> None:
+        """A block's bytes lie in the order the store namespace says (Shape.block_order)."""
+        found = heads_tokens_order(cache)
+        expected = self.shape.block_order or HEADS_FIRST
+        if found is not None and found != expected:
+            raise DeviceError(
+                f"HiCacheConnector: vLLM's cache of layer {name!r} (shape {tuple(cache.shape)}, "
+                f"strides {cache.stride()}) holds each block as {found}; vLLM's resolved KV "
+                f"cache layout says {expected} (the store namespace records it)"
+            )
+
     def register(self, kv_caches: dict[str, torch.Tensor], rank: int) -> None:
         layout, num_blocks = self.shape.layout, self.num_blocks
+        # attention caches over vLLM's blocks, where the kernel splits them (manager_blocks)
+        attention = [name for name, _ in layout.kv] + [name for name, _, _ in layout.window]
+        kv_caches = {
+            name: manager_blocks(name, cache, num_blocks) if name in attention else cache
+            for name, cache in kv_caches.items()
+        }
         layers = []
         for name, nbytes in layout.kv:
             if name not in kv_caches:
                 raise ConfigError(f"HiCacheConnector: vLLM registered no cache for layer {name!r}")
+            self._check_order(name, kv_caches[name])
             rows = block_rows(name, kv_caches[name], num_blocks)
             if rows.shape[1] != nbytes:
                 raise ConfigError(
@@ -103,6 +122,7 @@ class WorkerConnector:
         for name, pos, nbytes in layout.window:
             if name not in kv_caches:
                 raise ConfigError(f"HiCacheConnector: vLLM registered no cache for layer {name!r}")
+            self._check_order(name, kv_caches[name])
             rows = block_rows(name, kv_caches[name], num_blocks)
             if rows.shape[1] != nbytes:
                 raise ConfigError(

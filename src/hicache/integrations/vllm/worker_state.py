@@ -24,7 +24,7 @@ from hicache.domain.ports import Event as CopyEvent
 from hicache.domain.ports import Streams
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage, BoundedTier
-from hicache.integrations.vllm.block_rows import choose_copier
+from hicache.integrations.vllm.block_rows import choose_copier, whole_pages
 from hicache.integrations.vllm.plan import Event, StepPlan, store_tier
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.tp_reads import TpReader
@@ -40,6 +40,8 @@ class Step:
     saves: dict[str, CopyEvent] = attrs.field(factory=dict)
     state: CopyEvent | None = None
     loads: dict[str, CopyEvent] = attrs.field(factory=dict)
+    # whole-page saves: the layers vLLM reported computed (the save waits for all of them)
+    computed: set[str] = attrs.field(factory=set)
     load_failed: list[BaseException] = attrs.field(factory=list)
 
     def events(self) -> list[CopyEvent]:
@@ -90,6 +92,9 @@ class TransfersState:
             host_memory=host_memory if host_memory is not None else host_memory_for(self.device),
             device=self.device,
         )
+        # every layer's block as one row where vLLM's layout puts a block's layers side by
+        # side as the host page does (block_rows.whole_pages); None: one copy per layer
+        self.page_rows = whole_pages([self.rows[n] for n in self.names])
         if copier is None:
             copier = choose_copier("auto", first, pinned=self.tier.pinned)
         self.copier = copier
