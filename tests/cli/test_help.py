@@ -14,6 +14,7 @@ from hicache.cli import build_parser, main
 from hicache.domain import DType, Layout
 from hicache.domain.host_memory import KNOWN_BACKENDS
 from hicache.domain.stages import PPSplit
+from hicache.integrations.vllm.kv_layouts import BLOCK_RUN_LAYOUTS
 
 DEVICES = ("cpu", "cuda[:N]", "rocm[:N]")
 # Options whose values come from a fixed set but are parsed by hicache (case, aliases and error
@@ -33,6 +34,7 @@ LISTED = {
     ("bench overlap", "--layout"): tuple(m.value for m in Layout),
     ("bench storage", "--layout"): tuple(m.value for m in Layout),
     ("bench vllm", "--device"): ("cpu", "cuda"),
+    ("bench vllm-worker", "--layout"): BLOCK_RUN_LAYOUTS,
     ("demo", "--device"): DEVICES,
     ("demo", "--storage"): ("none", "directory", "mooncake"),
 }

@@ -29,6 +29,7 @@ import torch
 from hicache.adapters.streams import SyntheticCompute
 from hicache.domain import ConfigError
 from hicache.domain.storage import StoreKey
+from hicache.integrations.vllm.kv_layouts import BLOCK_RUN_LAYOUTS
 from hicache.integrations.vllm.plan import LoadOp, SaveOp, StepPlan
 from hicache.integrations.vllm.stats import ConnectorStats
 from hicache.integrations.vllm.worker import WorkerTransfers, block_rows
@@ -49,7 +50,7 @@ def cuda_status() -> tuple[bool, str]:
     return True, ""
 
 
-LAYOUTS = ("LBHNC", "LBNHC", "BLHNC", "BLNHC")
+LAYOUTS = BLOCK_RUN_LAYOUTS  # vLLM's layouts the connector copies
 
 
 def vllm_caches(

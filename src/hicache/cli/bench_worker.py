@@ -14,8 +14,9 @@ import json
 import sys
 from typing import Any
 
-from hicache.cli._options import MAX_REPEATS, count_option
+from hicache.cli._options import MAX_REPEATS, count_option, one_of
 from hicache.domain import ConfigError
+from hicache.integrations.vllm.kv_layouts import BLOCK_RUN_LAYOUTS
 
 
 def register(sub: Any) -> None:
@@ -36,8 +37,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--layout",
         default="LBHNC",
-        help="vLLM's KV cache layout of the caches: LBHNC (the CPU's), LBNHC (CUDA's default), "
-        "or the block-outermost BLHNC / BLNHC, whose pages the worker copies whole",
+        help=f"vLLM's KV cache layout of the caches, {one_of(BLOCK_RUN_LAYOUTS)}: LBHNC is the "
+        "CPU backend's, LBNHC what vLLM picks on CUDA unless the backend says otherwise; the "
+        "worker copies whole pages under the block-outermost BLHNC and BLNHC "
+        "(default: LBHNC)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.set_defaults(handler=run)
@@ -47,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     layers = count_option("layers", args.layers, 512)
     blocks = count_option("blocks", args.blocks, 1 << 16)
     repeats = count_option("repeats", args.repeats, MAX_REPEATS)
-    from hicache.bench.vllm_worker import LAYOUTS, cuda_status, run_worker_bench
+    if args.layout not in BLOCK_RUN_LAYOUTS:
+        raise ConfigError(f"--layout {args.layout!r}: expected {one_of(BLOCK_RUN_LAYOUTS)}")
+    from hicache.bench.vllm_worker import cuda_status, run_worker_bench
 
-    if args.layout not in LAYOUTS:
-        raise ConfigError(f"--layout {args.layout!r}: expected one of {', '.join(LAYOUTS)}")
     sizes = {
         "layers": layers,
         "blocks": blocks,

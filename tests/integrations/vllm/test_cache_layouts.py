@@ -33,6 +33,7 @@ from hicache.integrations.vllm.block_rows import (  # noqa: E402
 from hicache.integrations.vllm.layout import Shape  # noqa: E402
 from hicache.integrations.vllm.settings import ConnectorSettings  # noqa: E402
 from hicache.integrations.vllm.stats import ConnectorStats  # noqa: E402
+from hicache.integrations.vllm.tp_reads import LayerHeads, head_geometry  # noqa: E402
 from hicache.integrations.vllm.worker_role import WorkerConnector  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -96,6 +97,20 @@ def test_the_inner_order_of_a_block_is_what_the_layout_says() -> None:
     assert heads_first == (1, 2, 3)  # [heads, tokens, content]
     assert tokens_first == (2, 1, 3)  # [tokens, heads, content]
     assert block_order(views(KVCacheLayout.BLNHC)[1][0]) == tokens_first
+
+
+@pytest.mark.parametrize("layout", BLOCK_RUNS, ids=lambda m: m.name)
+def test_pages_of_another_tp_size_are_sliced_by_head_in_every_layout(
+    layout: KVCacheLayout,
+) -> None:
+    # a head is one run of a block (heads first) or one run per token (tokens first)
+    view = views(layout)[1][0]
+    tokens_first = layout.name.endswith("NHC")
+    per_token = PAGE // HEADS // 16
+    expected = (
+        LayerHeads("l0", 16, per_token) if tokens_first else LayerHeads("l0", 1, PAGE // HEADS)
+    )
+    assert head_geometry("l0", view, BLOCKS, HEADS) == expected
 
 
 @pytest.mark.parametrize("layout", [KVCacheLayout.LHBNC, KVCacheLayout.BHLNC], ids=str)

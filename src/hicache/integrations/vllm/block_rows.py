@@ -23,10 +23,7 @@ import torch
 
 from hicache.adapters.copy.rows import RowCopier, row_copier
 from hicache.domain import ConfigError, DeviceError
-
-# the order of a block's bytes that every page stored before the order was recorded has (vLLM's
-# CPU layout, LBHNC): its namespace leaves the order out, so those pages stay readable
-HEADS_FIRST = "HNC"
+from hicache.integrations.vllm.kv_layouts import HEADS_FIRST
 
 
 def block_order(cache: torch.Tensor) -> tuple[int, ...] | None:

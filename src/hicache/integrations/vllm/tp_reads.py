@@ -39,6 +39,7 @@ from hicache.domain import ConfigError, HostMemory, StoreError
 from hicache.domain.storage import Store, StoreStatus
 from hicache.engine.bounded import Answer, BoundedTier
 from hicache.engine.logs import get_logger
+from hicache.integrations.vllm.block_rows import block_order
 from hicache.integrations.vllm.tp_plan import Piece, TpHeads, head_runs, tagged
 from hicache.integrations.vllm.worker_host import HostTier, unregister
 from hicache.integrations.vllm.worker_parts import HostRows, host_memory_for
@@ -66,24 +67,20 @@ def head_geometry(name: str, cache: torch.Tensor, num_blocks: int, heads: int) -
             f"expected [{num_blocks} blocks, {heads} KV heads, tokens, content] to read pages "
             "stored at another tensor parallel size"
         )
-    dims = [(int(cache.stride(d)), int(cache.shape[d]), d) for d in (1, 2, 3)]
-    order = sorted(dims, key=lambda t: (-t[0], t[2]))  # physical order inside a block
-    step = 1
-    for stride, size, _ in reversed(order):
-        if size > 1 and stride != step:
-            raise ConfigError(
-                f"HiCacheConnector: vLLM cache of layer {name!r} (shape "
-                f"{tuple(cache.shape)}, strides {cache.stride()}) is not one dense run per "
-                "block; pages stored at another tensor parallel size cannot be sliced by head"
-            )
-        step *= size
-    at = [d for _, _, d in order].index(1)
+    order = block_order(cache)  # the dimensions inside a block, outermost first
+    if order is None:
+        raise ConfigError(
+            f"HiCacheConnector: vLLM cache of layer {name!r} (shape {tuple(cache.shape)}, "
+            f"strides {cache.stride()}) is not one dense run per block; pages stored at "
+            "another tensor parallel size cannot be sliced by head"
+        )
+    at = order.index(1)
     outer = 1
-    for _, size, _ in order[:at]:
-        outer *= size
+    for d in order[:at]:
+        outer *= int(cache.shape[d])
     inner = cache.element_size()
-    for _, size, _ in order[at + 1 :]:
-        inner *= size
+    for d in order[at + 1 :]:
+        inner *= int(cache.shape[d])
     return LayerHeads(name, outer, inner)
 
 

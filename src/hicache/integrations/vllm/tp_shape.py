@@ -34,7 +34,7 @@ from vllm.v1.kv_cache_interface import AttentionSpec, MLAAttentionSpec
 
 from hicache.domain import ConfigError
 from hicache.domain.errors import shown
-from hicache.integrations.vllm.block_rows import HEADS_FIRST
+from hicache.integrations.vllm.kv_layouts import BLOCK_RUN_LAYOUTS, HEADS_FIRST
 from hicache.integrations.vllm.tp_plan import TpHeads, compatible
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def block_order_of(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> s
         raise ConfigError(
             f"HiCacheConnector: vLLM's KV cache layout {layout.name} keeps the heads outside "
             "the blocks (a block is not one run of bytes, which the connector copies whole); "
-            "set VLLM_KV_CACHE_LAYOUT to LBHNC, LBNHC, BLHNC or BLNHC"
+            f"set VLLM_KV_CACHE_LAYOUT to one of {', '.join(BLOCK_RUN_LAYOUTS)}"
         )
     return "".join(c for c in layout.name if c not in "LB")
 

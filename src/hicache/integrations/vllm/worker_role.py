@@ -25,7 +25,8 @@ from hicache.domain import CacheStateError, ConfigError, DeviceError, TransferEr
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedStorage
 from hicache.engine.logs import get_logger
-from hicache.integrations.vllm.block_rows import HEADS_FIRST, heads_tokens_order, manager_blocks
+from hicache.integrations.vllm.block_rows import heads_tokens_order, manager_blocks
+from hicache.integrations.vllm.kv_layouts import HEADS_FIRST
 from hicache.integrations.vllm.layout import Shape
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
 from hicache.integrations.vllm.plan import StepPlan, WorkerEvents
