@@ -106,7 +106,23 @@ def test_on_rocm_vllm_resolves_a_layout_whose_blocks_are_one_run(
     assert resolve_kv_cache_layout(config, rocm_sets).name == "LHBNC"
 
 
-def _check(text: str) -> subprocess.CompletedProcess[str]:
+def test_a_layout_the_connector_cannot_copy_is_refused_before_any_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(
+        type(current_platform), "support_static_graph_mode", classmethod(lambda cls: True)
+    )
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "LHBNC")
+    with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT='LHBNC' keeps the heads outside"):
+        _vllm_config(tmp_path, {"host_gib": 1}, "FULL_AND_PIECEWISE")
+    for usable in ("BLNHC", "HND"):  # a layout whose blocks are one run, or its older name
+        monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", usable)
+        _vllm_config(tmp_path, {"host_gib": 1}, "FULL_AND_PIECEWISE")
+
+
+def _check(text: str, **env: str) -> subprocess.CompletedProcess[str]:
     code = (
         "import sys\n"
         "from hicache.integrations.vllm.check import check\n"
@@ -119,7 +135,7 @@ def _check(text: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path), **env},
         check=False,
     )
 
@@ -131,6 +147,16 @@ def test_the_check_command_refuses_a_bad_extra_config_in_one_line_without_vllm()
     assert "'protocl'" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert _check('{"host_gib": Infinity}').returncode == 2
+
+
+def test_the_check_command_refuses_a_layout_the_connector_cannot_copy() -> None:
+    out = _check('{"host_gib": 1}', VLLM_KV_CACHE_LAYOUT="BHLNC")
+    assert out.returncode == 2, out.stderr
+    assert "VLLM_KV_CACHE_LAYOUT='BHLNC' keeps the heads outside the blocks" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    unknown = _check('{"host_gib": 1}', VLLM_KV_CACHE_LAYOUT="XYZ")
+    assert "is no KV cache layout vLLM 0.32 names" in unknown.stderr
+    assert _check('{"host_gib": 1}', VLLM_KV_CACHE_LAYOUT="LBNHC").returncode == 0
 
 
 def test_the_check_command_prints_the_resolved_settings(tmp_path: Path) -> None:

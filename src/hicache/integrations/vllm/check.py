@@ -7,7 +7,7 @@ Parses the JSON text (a key given twice, Infinity or NaN is refused), then build
 connector's settings exactly as HiCacheConnector does (ConnectorSettings.from_extra_config,
 with ``$HICACHE_CONFIG`` and the ``HICACHE_*`` variables filling in what it leaves out). Exit 0
 and the resolved settings as one JSON document on stdout; exit 2 and one line naming the bad
-key on stderr. Nothing is allocated and no store is opened. Imports no vLLM.
+key on stderr (or a ``VLLM_KV_CACHE_LAYOUT`` the connector cannot copy: kv_layouts). Nothing is allocated and no store is opened. Imports no vLLM.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from hicache.domain import ConfigError
 from hicache.domain.limits import parse_json
+from hicache.integrations.vllm.kv_layouts import check_layout_env
 from hicache.integrations.vllm.settings import SOURCE, ConnectorSettings
 
 
@@ -33,6 +34,7 @@ def check(argv: Sequence[str]) -> int:
         if not isinstance(config, dict):
             raise ConfigError(f"{SOURCE}: expected a JSON object, got {type(config).__name__}")
         settings = ConnectorSettings.from_extra_config(config)
+        check_layout_env()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

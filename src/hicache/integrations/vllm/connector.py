@@ -41,6 +41,7 @@ from hicache.domain import CacheStateError, ConfigError
 from hicache.domain.storage import StoreKey
 from hicache.engine.bounded import BoundedSettings, BoundedStorage
 from hicache.integrations.vllm.exporter import export, process_counters
+from hicache.integrations.vllm.kv_layouts import check_layout_env
 from hicache.integrations.vllm.layout import Layout, Shape, layout_of
 from hicache.integrations.vllm.logs import follow_vllm_logging, log_start
 from hicache.integrations.vllm.metadata import HiCacheMetadata, HiCacheWorkerMetadata
@@ -245,6 +246,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         vLLM calls this from VllmConfig.__post_init__ when full CUDA graphs are on; the whole
         extra config is checked here too, so a bad value fails before the model loads."""
         ConnectorSettings.from_extra_config(extra_config)
+        check_layout_env()
         return True
 
     @classmethod
@@ -262,6 +264,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         transfer = vllm_config.kv_transfer_config
         if transfer is not None:
             ConnectorSettings.from_extra_config(transfer.kv_connector_extra_config)
+        check_layout_env()
         from vllm.platforms import current_platform
 
         return "LBHNC" if current_platform.is_rocm() else None
