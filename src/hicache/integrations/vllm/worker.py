@@ -8,7 +8,9 @@
 - WorkerTransfers: runs a StepPlan on hicache's copy streams (hicache.adapters.streams: CUDA
   streams, or the CPU worker threads). Synchronous loads are issued layer by layer on the load
   stream, each with an event (``wait_layer`` makes vLLM's compute wait on it); saves are issued
-  on the backup stream as vLLM reports each layer computed, ordered after that layer's compute.
+  on the backup stream as vLLM reports each layer computed, ordered after that layer's compute
+  (where vLLM's layout puts a block's layers side by side, ``page_rows``, one copy of whole
+  pages once the last layer was reported).
   ``finish_step`` waits for nothing: a step's copies settle later (``poll``: events reported,
   store writes started), and ``fence`` orders the next step's compute and loads after copies
   still in flight, so vLLM may free and reuse the blocks at once. Store writes and
