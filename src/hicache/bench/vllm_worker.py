@@ -1,8 +1,8 @@
 """Measurements of the vLLM worker's data path (WorkerTransfers) without vLLM.
 
 - run_worker_bench(device, ..., layout=...): vLLM-shaped caches (vllm_caches: bf16, in one of
-  vLLM's KV cache layouts, LAYOUTS) on ``device`` and the worker's host pages; returns one
-  JSON-ready document (``whole_pages``: whether the worker saves a page in one copy, as in
+  vLLM's KV cache layouts the connector copies, kv_layouts.BLOCK_RUN_LAYOUTS) on ``device``
+  and the worker's host pages; returns one JSON-ready document (``whole_pages``: whether the worker saves a page in one copy, as in
   the block-outermost layouts):
   - ``copy``: saving (device -> host) and loading (host -> device) ``blocks`` blocks of every
     layer through the worker, against one contiguous copy of the same bytes between the same
@@ -50,9 +50,6 @@ def cuda_status() -> tuple[bool, str]:
     return True, ""
 
 
-LAYOUTS = BLOCK_RUN_LAYOUTS  # vLLM's layouts the connector copies
-
-
 def vllm_caches(
     layout: str,
     device: torch.device,
@@ -66,8 +63,10 @@ def vllm_caches(
     logical ``[blocks, heads, tokens, content]`` view (vllm/v1/kv_cache_interface.py
     create_kv_cache_views); L* layouts: one tensor per layer; B* layouts: one tensor whose
     block holds every layer's page side by side (the worker then copies whole pages)."""
-    if layout not in LAYOUTS:
-        raise ConfigError(f"vLLM KV cache layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    if layout not in BLOCK_RUN_LAYOUTS:
+        raise ConfigError(
+            f"vLLM KV cache layout {layout!r}: expected one of {', '.join(BLOCK_RUN_LAYOUTS)}"
+        )
     names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
     inner = (heads, tokens) if layout.endswith("HNC") else (tokens, heads)
     swap = (0, 1, 2, 3) if layout.endswith("HNC") else (0, 2, 1, 3)
@@ -264,7 +263,6 @@ def run_worker_bench(
 
 __all__ = [
     "COPY_TARGET",
-    "LAYOUTS",
     "SLOWDOWN_TARGET",
     "cuda_status",
     "run_worker_bench",

@@ -23,7 +23,6 @@ import torch
 
 from hicache.adapters.copy.rows import RowCopier, row_copier
 from hicache.domain import ConfigError, DeviceError
-from hicache.integrations.vllm.kv_layouts import HEADS_FIRST
 
 
 def block_order(cache: torch.Tensor) -> tuple[int, ...] | None:
@@ -209,7 +208,6 @@ def choose_copier(
 
 
 __all__ = [
-    "HEADS_FIRST",
     "block_order",
     "block_rows",
     "choose_copier",

@@ -7,7 +7,8 @@ Parses the JSON text (a key given twice, Infinity or NaN is refused), then build
 connector's settings exactly as HiCacheConnector does (ConnectorSettings.from_extra_config,
 with ``$HICACHE_CONFIG`` and the ``HICACHE_*`` variables filling in what it leaves out). Exit 0
 and the resolved settings as one JSON document on stdout; exit 2 and one line naming the bad
-key on stderr (or a ``VLLM_KV_CACHE_LAYOUT`` the connector cannot copy: kv_layouts). Nothing is allocated and no store is opened. Imports no vLLM.
+key on stderr (or a ``VLLM_KV_CACHE_LAYOUT`` the connector cannot copy: kv_layouts). Nothing
+is allocated and no store is opened. Imports no vLLM.
 """
 
 from __future__ import annotations

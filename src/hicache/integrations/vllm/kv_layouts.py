@@ -12,6 +12,10 @@
   connector cannot copy (LHBNC, BHLNC) or none vLLM knows; called from the connector's
   config-time hooks and ``hicache.integrations.vllm.check``, so the mistake is refused before
   the model loads rather than when the connector is built.
+- block_bytes_order(name): the order of the bytes inside a block of a layout in
+  BLOCK_RUN_LAYOUTS: "HNC" (heads, tokens, content) or "NHC"; where a layer's blocks lie
+  (the L / B prefix) does not change them. The one mapping from a layout to what the store
+  namespace records (tp_shape.block_order_of).
 - HEADS_FIRST: the order of a block's bytes ("HNC": heads, tokens, content) that every page
   stored before the order was recorded has (vLLM's CPU layout, LBHNC); the store namespace
   leaves this order out, so those pages stay readable (tp_shape.namespace_ident).
@@ -30,6 +34,11 @@ HEADS_OUTSIDE_LAYOUTS = ("LHBNC", "BHLNC")
 LEGACY_NAMES = {"NHD": "LBNHC", "HND": "LBHNC"}
 HEADS_FIRST = "HNC"
 ENV = "VLLM_KV_CACHE_LAYOUT"
+
+
+def block_bytes_order(name: str) -> str:
+    """ "HNC" or "NHC" for a layout in BLOCK_RUN_LAYOUTS (module docstring)."""
+    return name[2:]
 
 
 def check_layout_env(environ: Mapping[str, str] | None = None) -> None:
@@ -57,5 +66,6 @@ __all__ = [
     "HEADS_FIRST",
     "HEADS_OUTSIDE_LAYOUTS",
     "LEGACY_NAMES",
+    "block_bytes_order",
     "check_layout_env",
 ]

@@ -34,7 +34,11 @@ from vllm.v1.kv_cache_interface import AttentionSpec, MLAAttentionSpec
 
 from hicache.domain import ConfigError
 from hicache.domain.errors import shown
-from hicache.integrations.vllm.kv_layouts import BLOCK_RUN_LAYOUTS, HEADS_FIRST
+from hicache.integrations.vllm.kv_layouts import (
+    BLOCK_RUN_LAYOUTS,
+    HEADS_FIRST,
+    block_bytes_order,
+)
 from hicache.integrations.vllm.tp_plan import TpHeads, compatible
 
 if TYPE_CHECKING:
@@ -111,13 +115,13 @@ def block_order_of(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> s
             f"HiCacheConnector: vLLM's KV cache layout {shown(name)} is not one this vLLM "
             f"names ({', '.join(m.name for m in KVCacheLayout)})"
         ) from None
-    if not layout.is_block_compact:
+    if layout.name not in BLOCK_RUN_LAYOUTS:  # the same list VLLM_KV_CACHE_LAYOUT is checked on
         raise ConfigError(
             f"HiCacheConnector: vLLM's KV cache layout {layout.name} keeps the heads outside "
             "the blocks (a block is not one run of bytes, which the connector copies whole); "
             f"set VLLM_KV_CACHE_LAYOUT to one of {', '.join(BLOCK_RUN_LAYOUTS)}"
         )
-    return "".join(c for c in layout.name if c not in "LB")
+    return block_bytes_order(layout.name)
 
 
 __all__ = ["block_order_of", "namespace_ident", "tp_heads"]
